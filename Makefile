@@ -1,0 +1,32 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test` (both create .venv and install everything).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast venv fetch clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first: a bare `torch` requirement would pull a multi-GB CUDA build (see ../shared/TESTBED.md)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+fetch: $(STAMP)
+	$(PY) -m adaflash_hf.testbed fetch
+
+demo: fetch
+	$(PY) examples/generate.py
+
+test: fetch
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

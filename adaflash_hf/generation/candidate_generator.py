@@ -1,0 +1,193 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""`AdaFlashCandidateGenerator`: our candidate generator for transformers' assisted-decoding loop.
+
+It subclasses transformers' `DFlashTokenCandidateGenerator` and keeps its contract with `_assisted_decoding`
+(the target's hidden states at `target_layer_ids` come back in `model_outputs`; the drafter's `DFlashCache` holds
+the projected context; the block's cache entries are cropped every round). On top it:
+
+* never proposes past `max_length` (the native generator always proposes `block_size - 1` tokens and lets the
+  loop discard the overflow after verifying it),
+* runs a drafter whose dtype differs from the target's (e.g. a bf16 drafter beside an fp32 target),
+* records per-round statistics (`drafter.generation_stats`): tokens drafted / accepted and drafting time, from
+  which tau (tokens committed per verification forward) is computed.
+
+Losslessness does not depend on anything here: the target verifies every candidate in `_assisted_decoding`,
+greedy keeps the longest matching prefix and sampling applies transformers' `_speculative_sampling` (the
+rejection-sampling rule) to the candidate logits we return.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+
+@dataclass
+class SpeculationStats:
+    """Per-`generate` statistics of one speculative run (batch size 1).
+
+    `accepted[i]` drafted tokens were accepted out of `drafted[i]` proposed in verification round `i`; every round
+    also commits one token from the target (the correction or bonus token), so tau = mean(accepted) + 1.
+    """
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per verification forward (accepted drafts + the target's own token), prefill excluded."""
+        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else 0.0
+
+    def acceptance_by_position(self, max_positions: int) -> list[float]:
+        """P(draft position k is accepted | it was proposed), k = 1..max_positions."""
+        rates = []
+        for k in range(1, max_positions + 1):
+            proposed = sum(1 for d in self.drafted if d >= k)
+            accepted = sum(1 for a, d in zip(self.accepted, self.drafted) if d >= k and a >= k)
+            rates.append(accepted / proposed if proposed else 0.0)
+        return rates
+
+
+class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
+    """Drafts one block per round with an AdaFlash/DFlash drafter (see the module docstring).
+
+    Args:
+        assistant_model: the drafter (`AdaFlashDrafterModel` or any model with the DFlash forward contract).
+        main_model_input_embeddings / main_model_output_embeddings: the target's embedding table and LM head.
+        generation_config: the target's generation config of this `generate` call.
+        logits_processor: processors applied to drafted logits (needed for sampling to stay exact).
+    """
+
+    def __init__(
+        self,
+        assistant_model: nn.Module,
+        main_model_input_embeddings: nn.Embedding,
+        main_model_output_embeddings: nn.Linear,
+        generation_config,
+        logits_processor=None,
+        **kwargs,
+    ):
+        super().__init__(
+            assistant_model=assistant_model,
+            main_model_input_embeddings=main_model_input_embeddings,
+            main_model_output_embeddings=main_model_output_embeddings,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            **kwargs,
+        )
+        self.drafter_dtype = next(assistant_model.parameters()).dtype
+        self.stats = SpeculationStats()
+        assistant_model.generation_stats = self.stats
+        self._last_drafted: int | None = None
+
+    @torch.no_grad()
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        model_kwargs: dict[str, Any],
+        model_outputs,
+        is_first_iteration: bool,
+        n_last_matches: int,
+        **kwargs,
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Return `(input_ids + candidates [1, cur_len + n], candidate logits [1, n, vocab] or None)`."""
+        if is_first_iteration:  # the loop's first forward is the target's prefill
+            return input_ids, None
+        budget = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
+        if budget <= 0:
+            self._last_drafted = None
+            return input_ids, None
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("The target's outputs must carry `hidden_states` at the drafter's target_layer_ids.")
+
+        start = time.perf_counter()
+        block_states = self._draft_block(input_ids, model_kwargs, model_outputs, n_last_matches)
+        head = self.main_model_output_embeddings
+        candidate_logits = head(block_states[:, 1 : 1 + budget].to(head.weight.dtype)).to(input_ids.device)
+        candidate_ids, candidate_logits = self._select_tokens(input_ids, candidate_logits)
+        self.stats.draft_seconds += time.perf_counter() - start
+        self._last_drafted = budget
+        return candidate_ids, candidate_logits
+
+    def _draft_block(self, input_ids, model_kwargs, model_outputs, n_last_matches) -> torch.Tensor:
+        """One drafter forward. Returns the block's output states `[1, block_size, hidden]`.
+
+        The context is the target's hidden states of the tokens it processed last round and kept (all the prompt
+        after the prefill; the previous anchor + accepted drafts afterwards).
+        """
+        num_new = n_last_matches + 1 if not self.is_main_model_prefill else input_ids.shape[1] - 1
+        context = torch.cat(
+            [model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1
+        ).to(device=self.device, dtype=self.drafter_dtype)
+        self.cache.set_previous_accepted_tokens(num_new)
+        if not self.is_main_model_prefill:
+            self.cache.crop(-self.block_size)  # drop last round's block entries, keep the context
+
+        position_ids = model_kwargs.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1] - 1, device=input_ids.device)[None]
+        else:
+            position_ids = position_ids[:, :-1]  # the loop has already appended the anchor's position
+        last = position_ids[:, -1:]
+        position_ids = torch.cat(
+            [position_ids[:, -num_new:], last + 1 + torch.arange(self.block_size, device=last.device)], dim=-1
+        )
+        attention_mask = model_kwargs.get("attention_mask")
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask[:, :-1], attention_mask.new_ones(1, self.block_size)], dim=-1)
+            attention_mask = attention_mask.to(self.device)
+
+        noise_ids = torch.cat([input_ids[:, -1:], self.noise_ids_mask.to(input_ids.device)], dim=-1)
+        noise_embeds = self._get_noise_embeds(noise_ids).to(device=self.device, dtype=self.drafter_dtype)
+        outputs = self.assistant_model(
+            noise_embeds=noise_embeds,
+            context_hidden_states=context,
+            position_ids=position_ids.to(self.device),
+            attention_mask=attention_mask,
+            cache=self.cache,
+        )
+        self.is_main_model_prefill = False
+        return outputs.last_hidden_state
+
+    def _select_tokens(self, input_ids, candidate_logits):
+        """Pick the candidate tokens from drafted logits `[1, n, vocab]` (argmax, or sampled for `do_sample`).
+
+        With logits processors the tokens are chosen one by one, so that each processor sees the sequence it would
+        see in plain decoding; the processed logits are returned for the rejection-sampling test.
+        """
+        if self.logits_processor is not None and len(self.logits_processor) > 0:
+            candidate_ids = input_ids
+            candidate_logits = candidate_logits.float()
+            for i in range(candidate_logits.shape[1]):
+                candidate_logits[:, i] = self.logits_processor(candidate_ids, candidate_logits[:, i])
+                if self.do_sample:
+                    probs = candidate_logits[:, i].softmax(dim=-1)
+                    next_token = torch.multinomial(probs, num_samples=1)
+                else:
+                    next_token = candidate_logits[:, i].argmax(dim=-1, keepdim=True)
+                candidate_ids = torch.cat([candidate_ids, next_token], dim=-1)
+            return candidate_ids, candidate_logits
+        if self.do_sample:
+            probs = candidate_logits.float().softmax(dim=-1)
+            new_ids = torch.multinomial(probs[0], num_samples=1).T
+        else:
+            new_ids = candidate_logits.argmax(dim=-1)
+        return torch.cat([input_ids, new_ids], dim=-1), candidate_logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        """Called by the loop after each verification with the number of accepted drafted tokens."""
+        if self._last_drafted is not None:
+            self.stats.drafted.append(self._last_drafted)
+            self.stats.accepted.append(int(num_matches))
+        self._last_drafted = None
+
+
+__all__ = ["AdaFlashCandidateGenerator", "SpeculationStats"]

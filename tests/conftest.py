@@ -1,0 +1,87 @@
+"""Shared fixtures: tiny random Llama targets and drafters built for them."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import adaflash_hf
+from adaflash_hf import AdaFlashDrafterModel
+
+
+VOCAB = 96
+
+
+def make_tiny_target(seed: int = 0, vocab_size: int = VOCAB, hidden_size: int = 64, num_layers: int = 4, eos=None):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    # Unit-norm LM-head rows: then the hidden state `W[t]` has `t` as its unique argmax (used by OracleDrafter).
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.copy_(w / w.norm(dim=-1, keepdim=True))
+    model.generation_config.do_sample = False
+    return model
+
+
+class OracleDrafter(AdaFlashDrafterModel):
+    """A test drafter that knows the target's greedy continuation and drafts it with controlled errors.
+
+    It runs the real drafter forward (so the DFlash cache bookkeeping is exercised), then replaces the block's
+    output states by `lm_head.weight[token]` for tokens read from `reference` at the block's positions (taken from
+    `position_ids`), corrupting each drafted token with probability `error_rate`. This gives partial acceptance of
+    every length on tiny random targets, where a random drafter would accept nothing.
+    """
+
+    def setup_oracle(self, target, reference: torch.Tensor, error_rate: float = 0.3, seed: int = 0):
+        self._head = target.lm_head.weight.detach()
+        self._reference = reference[0]
+        self._error_rate = error_rate
+        self._rng = torch.Generator().manual_seed(seed)
+        return self
+
+    def forward(self, noise_embeds, context_hidden_states=None, attention_mask=None, position_ids=None, cache=None, **kw):
+        out = super().forward(noise_embeds, context_hidden_states, attention_mask, position_ids, cache, **kw)
+        block = noise_embeds.shape[1]
+        anchor_pos = int(position_ids[0, -block])
+        states = out.last_hidden_state.clone()
+        for k in range(1, block):
+            pos = anchor_pos + k
+            token = int(self._reference[pos]) if pos < len(self._reference) else 0
+            if torch.rand(1, generator=self._rng).item() < self._error_rate:
+                token = (token + 1 + int(torch.randint(0, self._head.shape[0] - 1, (1,), generator=self._rng))) % self._head.shape[0]
+            states[0, k] = self._head[token] * 10.0
+        out.last_hidden_state = states
+        return out
+
+
+@pytest.fixture
+def tiny_target():
+    return make_tiny_target()
+
+
+@pytest.fixture
+def tiny_drafter(tiny_target):
+    torch.manual_seed(1)
+    return AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4).eval()
+
+
+def make_oracle(target, reference, block_size=5, error_rate=0.3, seed=0):
+    torch.manual_seed(seed)
+    config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size).config
+    drafter = OracleDrafter(config).eval()
+    return drafter.setup_oracle(target, reference, error_rate=error_rate, seed=seed)
+
+
+assert adaflash_hf.generation.is_installed()

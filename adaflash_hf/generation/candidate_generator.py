@@ -102,8 +102,8 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if is_first_iteration:  # the loop's first forward is the target's prefill
             return input_ids, None
         budget = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
-        if budget <= 0:
-            self._last_drafted = None
+        if budget <= 0:  # the target still runs one forward for its own next token: a round with no draft
+            self._last_drafted = 0
             return input_ids, None
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
             raise ValueError("The target's outputs must carry `hidden_states` at the drafter's target_layer_ids.")

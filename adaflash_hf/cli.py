@@ -1,0 +1,159 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""The `adaflash-hf` command line: `adaflash-hf bench ...`."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+BENCH_EPILOG = """\
+tau is tokens committed per verification forward, bonus token included:
+  tau = (new_tokens - 1) / (full_target_forwards - 1)   (the prefill and its token excluded; plain greedy = 1)
+speed-up = a method's tokens/s over plain greedy's, on the same prompts in the same run.
+JSON: {"overall": {"tau", "speedup", "identical", "total"}, "domains": {domain: {same keys}},
+       "tau_cross_domain_std", "methods": {method: {"overall": {...}, "domains": {...}}}, "config": {...}}
+where "overall"/"domains" describe our generate path ("adaflash") and identical counts outputs equal to plain
+greedy token for token out of total.
+"""
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="side-by-side speed/acceptance benchmark", epilog=BENCH_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="target model folder (default: the offline testbed model)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped default drafter)")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help='JSONL with {"prompt", "domain"} lines (default: the committed held-out testbed prompts)')
+    p.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts per domain")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--methods", default=",".join(_methods()), help="comma-separated subset of the methods")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _methods():
+    from .bench.runner import METHODS
+
+    return METHODS
+
+
+def load_models(target_path, drafter_path, dtype):
+    """Target + tokenizer (testbed by default) and the drafter (shipped default by default)."""
+    import adaflash_hf  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .checkpoints import default_drafter_dir
+    from .models import AdaFlashDrafterModel
+
+    if target_path is None:
+        from .testbed import load_testbed
+
+        target, tokenizer = load_testbed(dtype=dtype)
+    else:
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+    drafter_path = drafter_path or default_drafter_dir()
+    if drafter_path is None:
+        raise SystemExit("No drafter given and no default drafter shipped: pass --drafter PATH.")
+    if not Path(drafter_path).is_dir():
+        raise SystemExit(f"--drafter {drafter_path}: no such folder.")
+    drafter = AdaFlashDrafterModel.from_pretrained(drafter_path, dtype=dtype).eval()
+    drafter.check_compatible(target, tokenizer)
+    return target, tokenizer, drafter
+
+
+def run_bench(args) -> dict:
+    from .bench.runner import run_benchmark, summarize
+    from .testbed import default_eval_prompts, read_prompts_jsonl
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = set(methods) - set(_methods())
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(_methods())}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    records = read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts()
+    if args.max_prompts:
+        seen = {}
+        records = [r for r in records if seen.setdefault(r["domain"], []).append(r) or len(seen[r["domain"]]) <= args.max_prompts]
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer, drafter = load_models(args.target, args.drafter, dtype)
+    results = run_benchmark(target, tokenizer, drafter, records, methods=methods,
+                            max_new_tokens=args.max_new_tokens, raw=args.raw, progress=not args.quiet)
+    summary = summarize(results, block_size=drafter.config.block_size)
+    summary["config"] = {
+        "target": args.target or "testbed:SmolLM2-135M-Instruct", "drafter": str(args.drafter or "default"),
+        "prompts": str(args.prompts or "default_eval_prompts"), "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype, "threads": torch.get_num_threads(), "raw": args.raw, "n_prompts": len(records),
+    }
+    return summary
+
+
+def print_bench(summary: dict) -> None:
+    methods = summary["methods"]
+    domains = list(summary["domains"])
+    print(f"\n{'method':<15}{'domain':<9}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}")
+    for method, data in methods.items():
+        for name, row in [("overall", data["overall"])] + [(d, data["domains"][d]) for d in domains]:
+            print(f"{method:<15}{name:<9}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{row['tau']:>7.2f}"
+                  f"{row['identical']:>6}/{row['total']:<4}")
+    ours = methods.get("adaflash", {}).get("overall", {})
+    if "acceptance_by_position" in ours:
+        rates = " ".join(f"{r:.2f}" for r in ours["acceptance_by_position"])
+        print(f"\nadaflash acceptance by draft position: {rates}")
+        t = ours["time_per_round_ms"]
+        print(f"adaflash time per round: drafting {t['drafting']:.1f} ms, verification forward "
+              f"{t['verification_forward']:.1f} ms, other {t['other']:.1f} ms")
+    print(f"tau cross-domain std (adaflash): {summary['tau_cross_domain_std']:.3f}")
+
+
+def plot_bench(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(summary["methods"])
+    groups = ["overall", *summary["domains"]]
+    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        data = summary["methods"][method]
+        values = [data["overall"]["tokens_per_s"]] + [data["domains"][d]["tokens_per_s"] for d in groups[1:]]
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=method)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
+    ax.set_ylabel("output tokens / s")
+    cfg = summary.get("config", {})
+    ax.set_title(f"bs=1, {cfg.get('dtype', '')}, {cfg.get('max_new_tokens', '')} new tokens")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="adaflash-hf", description="AdaFlash speculative decoding tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _bench_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        summary = run_bench(args)
+        print_bench(summary)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(summary, indent=2))
+            print(f"wrote {args.json}")
+        if args.plot:
+            plot_bench(summary, args.plot)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

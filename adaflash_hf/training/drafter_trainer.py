@@ -1,0 +1,147 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""`DrafterTrainer`: offline drafter training with the DFlash recipe, on transformers' `Trainer`.
+
+What `Trainer` already gives us (and we therefore do not write): the optimisation loop, gradient accumulation,
+mixed precision, checkpointing and `resume_from_checkpoint`, progress bars, logging, early stopping callbacks and
+multi-GPU / multi-node through `accelerate launch`. What none of transformers / TRL does, and is written here:
+
+* the collator samples anchors and builds block labels from recorded target data (`blocks.py`);
+* `compute_loss` drafts every block of a batch in ONE drafter forward (block-sparse mask) and applies the
+  target's frozen LM head only to the labelled rows (the full-vocabulary head dominates a CPU step);
+* `prediction_step` also returns, per block, how many leading drafted tokens match the target (a teacher-forced
+  acceptance proxy); `compute_metrics` turns it into `tau_proxy` = 1 + mean accepted length, the metric used for
+  early stopping.
+
+The trained model is the drafter alone: `save_pretrained` writes it with `auto_map` (the target's embedding and
+LM head stay outside the checkpoint).
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import EvalPrediction, Trainer
+
+from .blocks import block_labels, draft_blocks, position_weights, sample_anchors
+from .drafter_config import DrafterTrainingConfig
+
+
+class DrafterDataCollator:
+    """Pads recorded sequences and samples anchors/labels (see `blocks.py`).
+
+    Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]` and
+    `label_mask [b, n, B-1]`.
+    """
+
+    def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None):
+        self.block_size, self.num_anchors, self.max_length = block_size, num_anchors, max_length
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def reset(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        lens = torch.tensor([min(len(f["input_ids"]), self.max_length) for f in features])
+        T = int(lens.max())
+        width = len(features[0]["hidden_states"][0])
+        input_ids = torch.zeros(len(features), T, dtype=torch.long)
+        argmax = torch.zeros(len(features), T, dtype=torch.long)
+        context = torch.zeros(len(features), T, width, dtype=torch.float32)
+        for row, f in enumerate(features):
+            n = int(lens[row])
+            input_ids[row, :n] = torch.as_tensor(f["input_ids"][:n])
+            argmax[row, :n] = torch.as_tensor(f["target_argmax"][:n])
+            context[row, :n] = torch.as_tensor(np.asarray(f["hidden_states"][:n], dtype=np.float32))
+        starts = torch.tensor([max(int(f["prompt_len"]) - 1, 0) for f in features])
+        anchors, anchor_valid = sample_anchors(lens, starts, self.num_anchors, self.block_size, self.generator)
+        labels, label_mask = block_labels(input_ids, argmax, lens, anchors, anchor_valid, self.block_size)
+        return {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
+                "label_mask": label_mask}
+
+
+def block_cross_entropy(hidden, lm_head, labels, label_mask, weights):
+    """Weighted CE of drafted positions against target tokens, LM head applied to labelled rows only.
+
+    hidden: `[b, n, B-1, H]`; labels / label_mask: `[b, n, B-1]`; weights: `[B-1]`.
+    Returns `(loss, logits_of_rows [N, V], row_index tuple)`.
+    """
+    rows = label_mask.nonzero(as_tuple=True)
+    logits = lm_head(hidden[rows].to(lm_head.weight.dtype)).float()
+    w = weights.to(logits.device)[rows[2]]
+    ce = F.cross_entropy(logits, labels[rows], reduction="none")
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
+    return loss, logits, rows
+
+
+def accepted_lengths(predictions, labels, label_mask):
+    """Per block, leading drafted positions that equal the target's token: `[b, n]` (greedy acceptance proxy)."""
+    correct = (predictions == labels) & label_mask
+    return correct.long().cumprod(dim=-1).sum(dim=-1)
+
+
+class DrafterTrainer(Trainer):
+    """Trains an `AdaFlashDrafterModel` on recorded target data (`training.data.build_training_dataset`).
+
+    Args:
+        model: the drafter to train.
+        args: a `DrafterTrainingConfig`.
+        target_embeddings / target_lm_head: the target's input embedding and LM head (frozen; not saved).
+        train_dataset / eval_dataset: recorded datasets (columns `input_ids`, `prompt_len`, `target_argmax`,
+            `hidden_states`).
+    """
+
+    def __init__(self, model, args: DrafterTrainingConfig, target_embeddings, target_lm_head, train_dataset=None,
+                 eval_dataset=None, callbacks=None, **kwargs):
+        for module in (target_embeddings, target_lm_head):
+            module.requires_grad_(False)
+        self.target_embeddings, self.target_lm_head = target_embeddings, target_lm_head
+        self.position_weights = position_weights(model.config.block_size, args.loss_decay_gamma)
+        collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length, seed=args.seed)
+        self.eval_collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length,
+                                                 seed=args.eval_seed)
+        super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         data_collator=collator, compute_metrics=self._acceptance_metrics, callbacks=callbacks,
+                         **kwargs)
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        # Same anchors at every evaluation, so eval metrics are comparable across steps.
+        self.eval_collator.reset(self.args.eval_seed)
+        train_collator, self.data_collator = self.data_collator, self.eval_collator
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.data_collator = train_collator
+
+    def _block_hidden(self, model, inputs):
+        device = self.args.device
+        self.target_embeddings.to(device)
+        self.target_lm_head.to(device)
+        states = draft_blocks(model, self.target_embeddings, inputs["input_ids"], inputs["context"],
+                              inputs["anchors"])
+        return states[:, :, 1:]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        hidden = self._block_hidden(model, inputs)
+        loss, logits, rows = block_cross_entropy(hidden, self.target_lm_head, inputs["labels"],
+                                                 inputs["label_mask"], self.position_weights)
+        return (loss, (logits, rows)) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss, (logits, rows) = self.compute_loss(model, inputs, return_outputs=True)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        predictions = torch.full_like(inputs["labels"], -1)
+        predictions[rows] = logits.argmax(dim=-1)
+        accepted = accepted_lengths(predictions, inputs["labels"], inputs["label_mask"]).flatten()
+        usable = inputs["label_mask"][..., 0].flatten()  # blocks whose first position is labelled
+        return loss.detach(), accepted[usable].float(), torch.ones_like(accepted[usable]).float()
+
+    @staticmethod
+    def _acceptance_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        accepted = np.asarray(prediction.predictions, dtype=np.float64).reshape(-1)
+        accepted = accepted[accepted >= 0]
+        return {"tau_proxy": float(accepted.mean() + 1.0) if accepted.size else 0.0}
+
+
+__all__ = ["DrafterDataCollator", "DrafterTrainer", "accepted_lengths", "block_cross_entropy"]

@@ -1,0 +1,58 @@
+"""The bench on tiny models: JSON schema, tau accounting, identical counts."""
+
+import json
+
+import torch
+
+from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.bench.runner import run_benchmark, summarize
+from adaflash_hf.cli import plot_bench, print_bench
+
+from .conftest import VOCAB, make_tiny_target
+
+
+class CharTokenizer:
+    chat_template = None
+    pad_token_id = 0
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": [1 + ord(c) % (VOCAB - 1) for c in text]}
+
+
+RECORDS = [
+    {"prompt": "def add(a, b):", "domain": "code"},
+    {"prompt": "What is 2 + 3?", "domain": "math"},
+    {"prompt": "Hello there, how are you", "domain": "chat"},
+]
+
+
+def test_bench_json_schema_and_accounting(tmp_path, capsys):
+    target = make_tiny_target()
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    methods = ("plain", "prompt_lookup", "early_exit", "dflash_native", "adaflash")
+    results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=methods, max_new_tokens=12,
+                            raw=True, progress=False)
+    assert len(results) == len(RECORDS) * len(methods)
+    summary = summarize(results, block_size=4)
+    json.loads(json.dumps(summary))  # serialisable
+    assert set(summary["overall"]) == {"tau", "speedup", "identical", "total"}
+    assert set(summary["domains"]) == {"code", "math", "chat"}
+    assert all(set(v) == {"tau", "speedup", "identical", "total"} for v in summary["domains"].values())
+    assert summary["overall"]["total"] == 3 and summary["overall"]["identical"] == 3  # lossless
+    plain = summary["methods"]["plain"]["overall"]
+    assert abs(plain["tau"] - 1.0) < 1e-9 and abs(plain["speedup"] - 1.0) < 1e-9
+    ours = summary["methods"]["adaflash"]["overall"]
+    # tau from target forwards equals tau from the generator's own per-round statistics.
+    rounds = sum(len(m.accepted) for m in results if m.method == "adaflash")
+    committed = sum(sum(m.accepted) + len(m.accepted) for m in results if m.method == "adaflash")
+    assert abs(ours["tau"] - committed / rounds) < 1e-9
+    assert len(ours["acceptance_by_position"]) == 3
+    assert set(ours["time_per_round_ms"]) == {"drafting", "verification_forward", "other"}
+    for method in methods:
+        assert summary["methods"][method]["overall"]["identical"] == 3, method
+    print_bench(summary)
+    assert "adaflash" in capsys.readouterr().out
+    plot_bench(summary, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 1000

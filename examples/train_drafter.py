@@ -1,0 +1,100 @@
+"""Train an AdaFlash (DFlash-recipe) drafter for the offline testbed target, or any causal LM folder.
+
+    python examples/train_drafter.py --output_dir outputs/drafter                      # testbed, defaults
+    python examples/train_drafter.py --prompts_per_domain 200 --max_steps 500 ...      # smaller run
+    accelerate launch examples/train_drafter.py --output_dir outputs/drafter           # several GPUs
+
+Steps: (1) the target answers the training prompts of all domains (cached), (2) one teacher-forced pass records
+its hidden states at the drafter's target layers and its greedy labels (cached `datasets` dataset), (3)
+`DrafterTrainer` trains with a held-out validation split, evaluates `tau_proxy` (teacher-forced acceptance) and
+stops early when it stops improving; the best drafter is saved to `output_dir/final` with `auto_map`.
+"""
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, EarlyStoppingCallback, HfArgumentParser
+
+import adaflash_hf  # noqa: F401
+from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed, read_prompts_jsonl
+from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig, build_training_dataset
+
+
+@dataclass
+class ScriptArguments:
+    target: str | None = field(default=None, metadata={"help": "target folder (default: the testbed model)"})
+    train_prompts: str | None = field(default=None, metadata={"help": "JSONL of training prompts (default: testbed)"})
+    prompts_per_domain: int = field(default=600, metadata={"help": "training prompts per domain (testbed)"})
+    max_new_tokens: int = field(default=192, metadata={"help": "target response length for the training data"})
+    gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
+    gen_dtype: str = field(default="bfloat16", metadata={"help": "dtype used to generate responses (~2x faster)"})
+    val_fraction: float = field(default=0.05, metadata={"help": "held-out validation fraction"})
+    num_layers: int = field(default=2, metadata={"help": "drafter layers"})
+    block_size: int = field(default=8, metadata={"help": "block size (anchor included)"})
+    num_context_layers: int = field(default=5, metadata={"help": "target layers read by the drafter"})
+    init_drafter: str | None = field(default=None, metadata={"help": "continue from this drafter folder"})
+    early_stopping_patience: int = field(default=4, metadata={"help": "evaluations without improvement"})
+
+
+def main():
+    parser = HfArgumentParser((ScriptArguments, DrafterTrainingConfig))
+    script, config = parser.parse_args_into_dataclasses()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    if script.target is None:
+        target, tokenizer = load_testbed(dtype=torch.float32)
+        target_name = "testbed:SmolLM2-135M-Instruct"
+    else:
+        target = AutoModelForCausalLM.from_pretrained(script.target, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(script.target)
+        target_name = script.target
+    target.requires_grad_(False)
+
+    if script.init_drafter:
+        drafter = AdaFlashDrafterModel.from_pretrained(script.init_drafter, dtype=torch.float32)
+        drafter.check_compatible(target, tokenizer)
+    else:
+        drafter = AdaFlashDrafterModel.from_target(target, num_layers=script.num_layers, block_size=script.block_size,
+                                                   num_context_layers=script.num_context_layers, tokenizer=tokenizer)
+    drafter.config._attn_implementation = "sdpa"
+
+    if script.train_prompts:
+        records = read_prompts_jsonl(script.train_prompts)
+    else:
+        records = load_prompts(split="train", max_per_domain=script.prompts_per_domain)
+    random.Random(0).shuffle(records)
+    dataset = build_training_dataset(
+        target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
+        target_name=target_name, max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+        gen_dtype=getattr(torch, script.gen_dtype),
+    )
+    split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
+    n_tokens = sum(len(x) for x in split["train"]["input_ids"])
+    logging.info("training data: %d sequences (%d tokens), validation: %d sequences",
+                 len(split["train"]), n_tokens, len(split["test"]))
+
+    trainer = DrafterTrainer(
+        drafter, config, target.get_input_embeddings(), target.get_output_embeddings(),
+        train_dataset=split["train"], eval_dataset=split["test"],
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience)],
+    )
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    metrics = trainer.evaluate()
+    final = Path(config.output_dir) / "final"
+    trainer.model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    (final / "training_summary.json").write_text(json.dumps({
+        "target": target_name, "train_sequences": len(split["train"]), "train_tokens": n_tokens,
+        "val_sequences": len(split["test"]), "eval": metrics, "script": vars(script),
+        "steps": trainer.state.global_step,
+    }, indent=2, default=str))
+    logging.info("saved %s (eval %s)", final, metrics)
+
+
+if __name__ == "__main__":
+    main()

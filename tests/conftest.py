@@ -71,15 +71,19 @@ def tiny_target():
     return make_tiny_target()
 
 
+ALWAYS_DRAFT = {"hybrid_lookup": False, "allow_no_draft": False}  # every round drafts (tests of the drafter path)
+
+
 @pytest.fixture
 def tiny_drafter(tiny_target):
     torch.manual_seed(1)
-    return AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4).eval()
+    return AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4, **ALWAYS_DRAFT).eval()
 
 
-def make_oracle(target, reference, block_size=5, error_rate=0.3, seed=0):
+def make_oracle(target, reference, block_size=5, error_rate=0.3, seed=0, **config_overrides):
     torch.manual_seed(seed)
-    config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size).config
+    overrides = {**ALWAYS_DRAFT, **config_overrides}
+    config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, **overrides).config
     drafter = OracleDrafter(config).eval()
     return drafter.setup_oracle(target, reference, error_rate=error_rate, seed=seed)
 

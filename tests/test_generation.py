@@ -11,7 +11,7 @@ from transformers.generation.utils import GenerationMixin
 
 from adaflash_hf import AdaFlashCandidateGenerator, AdaFlashDrafterModel
 
-from .conftest import VOCAB, make_oracle, make_tiny_target
+from .conftest import ALWAYS_DRAFT, VOCAB, make_oracle, make_tiny_target
 
 
 PATHS = [None, "dflash"]  # None: our generator through plain generate; "dflash": transformers' native generator
@@ -142,7 +142,7 @@ def test_sampling_uses_rejection_sampling_and_matches_target_distribution(monkey
     with torch.no_grad():
         target.lm_head.weight.mul_(0.4)
     torch.manual_seed(2)
-    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4, **ALWAYS_DRAFT).eval()
 
     import transformers.generation.utils as gen_utils
 
@@ -160,3 +160,36 @@ def test_sampling_uses_rejection_sampling_and_matches_target_distribution(monkey
     plain = _token_histograms(target, None, 600, positions=[1, 2], seed=1)
     total_variation = 0.5 * (speculative - plain).abs().sum(dim=-1)
     assert (total_variation < 0.12).all(), f"sampled distributions differ: TV={total_variation.tolist()}"
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_draft_vocabulary_restricts_proposals_and_stays_lossless(do_sample):
+    target = make_tiny_target(seed=6)
+    prompt = _prompts(1, seed=6)[0]
+    reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
+    drafter = make_oracle(target, reference, block_size=6, error_rate=0.1)
+    allowed = torch.arange(0, VOCAB, 2)  # even ids only: odd reference tokens can never be drafted
+    drafter.set_draft_vocab(allowed)
+    proposed = []
+    original = drafter.draft_logits
+
+    def spy(states, head):
+        logits, ids = original(states, head)
+        proposed.extend(ids[logits.argmax(-1)].flatten().tolist())
+        return logits, ids
+
+    drafter.draft_logits = spy
+    out = target.generate(prompt, max_new_tokens=30, do_sample=do_sample, assistant_model=drafter)
+    assert proposed and all(t % 2 == 0 for t in proposed)
+    if not do_sample:
+        assert torch.equal(out, reference[:, : prompt.shape[1] + 30])
+        assert sum(drafter.generation_stats.accepted) > 0
+
+
+def test_draft_vocabulary_is_saved_and_loaded(tmp_path, tiny_target, tiny_drafter):
+    tiny_drafter.set_draft_vocab(torch.tensor([5, 7, 11]))
+    tiny_drafter.save_pretrained(tmp_path)
+    loaded = AdaFlashDrafterModel.from_pretrained(tmp_path)
+    assert loaded.config.draft_vocab_size == 3 and loaded.draft_vocab.tolist() == [5, 7, 11]
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        loaded.set_draft_vocab(torch.tensor([VOCAB]))

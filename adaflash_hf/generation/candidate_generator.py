@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
+
+from .policy import ProposalPolicy
 
 
 @dataclass
@@ -35,6 +37,7 @@ class SpeculationStats:
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    proposers: list[str] = field(default_factory=list)
     draft_seconds: float = 0.0
 
     @property
@@ -84,9 +87,42 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             **kwargs,
         )
         self.drafter_dtype = next(assistant_model.parameters()).dtype
+        self.vocab_size = main_model_output_embeddings.weight.shape[0]
+        # Draft logits are needed to sample, to run logits processors, or to mix draft and target distributions;
+        # plain greedy only needs the drafted tokens.
+        self.needs_logits = bool(
+            generation_config.do_sample
+            or (logits_processor is not None and len(logits_processor) > 0)
+            or generation_config.assistant_ensemble_weight is not None
+        )
         self.stats = SpeculationStats()
         assistant_model.generation_stats = self.stats
         self._last_drafted: int | None = None
+        self._last_accepted = 0
+        self._pending: list[torch.Tensor] = []  # target context not yet seen by the drafter
+        self._block_in_cache = False
+        self._cur_len = 0
+        self._round_start: float | None = None
+        self._last_arm: str | None = None
+
+        config = assistant_model.config
+        self.lookup = None
+        if getattr(config, "hybrid_lookup", False):
+            # transformers' own n-gram lookup over the prompt + generated text, consulted every round.
+            self.lookup = PromptLookupCandidateGenerator(
+                eos_token_id=generation_config._eos_token_tensor,
+                num_output_tokens=config.lookup_num_tokens,
+                max_matching_ngram_size=config.lookup_max_ngram,
+                max_length=generation_config.max_length,
+                logits_processor=logits_processor,
+                vocab_size=self.vocab_size,
+            )
+        # The policy's estimates persist on the drafter across generate() calls (they describe drafter + target).
+        policy = getattr(assistant_model, "proposal_policy", None)
+        if policy is None:
+            policy = ProposalPolicy()
+            assistant_model.proposal_policy = policy
+        self.policy = policy
 
     @torch.no_grad()
     def get_candidates(
@@ -99,37 +135,80 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         **kwargs,
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         """Return `(input_ids + candidates [1, cur_len + n], candidate logits [1, n, vocab] or None)`."""
+        now = time.perf_counter()
+        if self._round_start is not None and self._last_arm is not None:
+            self.policy.record(self._last_arm, self._last_accepted, now - self._round_start)
+        self._round_start, self._last_arm = now, None
         if is_first_iteration:  # the loop's first forward is the target's prefill
             return input_ids, None
+        self._collect_context(input_ids, model_outputs, n_last_matches)
         budget = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
         if budget <= 0:  # the target still runs one forward for its own next token: a round with no draft
-            self._last_drafted = 0
-            return input_ids, None
-        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
-            raise ValueError("The target's outputs must carry `hidden_states` at the drafter's target_layer_ids.")
+            return self._propose(input_ids, None, arm=None, start=now)
 
-        start = time.perf_counter()
-        block_states = self._draft_block(input_ids, model_kwargs, model_outputs, n_last_matches)
-        head = self.main_model_output_embeddings
-        candidate_logits = head(block_states[:, 1 : 1 + budget].to(head.weight.dtype)).to(input_ids.device)
-        candidate_ids, candidate_logits = self._select_tokens(input_ids, candidate_logits)
+        lookup_ids = None
+        if self.lookup is not None:
+            candidate_ids, _ = self.lookup.get_candidates(input_ids)
+            if candidate_ids.shape[1] > input_ids.shape[1]:
+                lookup_ids = candidate_ids
+        arm = self.policy.choose(lookup_available=lookup_ids is not None,
+                                 allow_none=getattr(self.assistant_model.config, "allow_no_draft", False))
+        if arm == "lookup":
+            return self._propose(lookup_ids, None, arm, now)
+        if arm == "none":
+            return self._propose(input_ids, None, arm, now)
+
+        block_states = self._draft_block(input_ids, model_kwargs)
+        logits, vocab_ids = self._draft_logits(block_states[:, 1 : 1 + budget])
+        if self.needs_logits:
+            if vocab_ids is not None:  # back to the full vocabulary: tokens outside the draft vocabulary get -inf
+                full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+                logits = full.scatter_(-1, vocab_ids.expand(*logits.shape[:-1], -1), logits)
+            candidate_ids, candidate_logits = self._select_tokens(input_ids, logits.to(input_ids.device))
+        else:  # greedy: the loop never reads draft logits, so skip building them
+            new_ids = logits.argmax(dim=-1)
+            if vocab_ids is not None:
+                new_ids = vocab_ids[new_ids]
+            candidate_ids, candidate_logits = torch.cat([input_ids, new_ids.to(input_ids.device)], dim=-1), None
+        return self._propose(candidate_ids, candidate_logits, arm, now)
+
+    def _propose(self, candidate_ids, candidate_logits, arm, start):
+        """Book-keeping shared by every kind of round; returns what the loop expects."""
+        self._last_arm = arm
+        self._last_drafted = candidate_ids.shape[1] - self._cur_len
         self.stats.draft_seconds += time.perf_counter() - start
-        self._last_drafted = budget
+        self.stats.proposers.append(arm or "none")
         return candidate_ids, candidate_logits
 
-    def _draft_block(self, input_ids, model_kwargs, model_outputs, n_last_matches) -> torch.Tensor:
-        """One drafter forward. Returns the block's output states `[1, block_size, hidden]`.
+    def _draft_logits(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafted logits `[1, n, V or K]` and the draft-vocabulary ids (`None` for the full vocabulary)."""
+        head = self.main_model_output_embeddings
+        if hasattr(self.assistant_model, "draft_logits"):
+            return self.assistant_model.draft_logits(states, head)
+        return head(states.to(head.weight.dtype)), None  # e.g. a drafter loaded with trust_remote_code
 
-        The context is the target's hidden states of the tokens it processed last round and kept (all the prompt
-        after the prefill; the previous anchor + accepted drafts afterwards).
+    def _collect_context(self, input_ids, model_outputs, n_last_matches) -> None:
+        """Keep the target's hidden states of the tokens it processed last round and kept.
+
+        They wait in `self._pending` until the drafter next runs (rounds that verify a lookup proposal, or no
+        proposal, skip the drafter entirely).
         """
-        num_new = n_last_matches + 1 if not self.is_main_model_prefill else input_ids.shape[1] - 1
-        context = torch.cat(
-            [model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1
-        ).to(device=self.device, dtype=self.drafter_dtype)
+        self._cur_len = input_ids.shape[1]
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("The target's outputs must carry `hidden_states` at the drafter's target_layer_ids.")
+        num_new = input_ids.shape[1] - 1 if self.is_main_model_prefill else n_last_matches + 1
+        self.is_main_model_prefill = False
+        context = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1)
+        self._pending.append(context.to(device=self.device, dtype=self.drafter_dtype))
+
+    def _draft_block(self, input_ids, model_kwargs) -> torch.Tensor:
+        """One drafter forward over the pending context + the block. Returns `[1, block_size, hidden]` states."""
+        context = torch.cat(self._pending, dim=1) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        num_new = context.shape[1]
         self.cache.set_previous_accepted_tokens(num_new)
-        if not self.is_main_model_prefill:
-            self.cache.crop(-self.block_size)  # drop last round's block entries, keep the context
+        if self._block_in_cache:
+            self.cache.crop(-self.block_size)  # drop the last drafted block's entries, keep the context
 
         position_ids = model_kwargs.get("position_ids")
         if position_ids is None:
@@ -154,7 +233,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             attention_mask=attention_mask,
             cache=self.cache,
         )
-        self.is_main_model_prefill = False
+        self._block_in_cache = True
         return outputs.last_hidden_state
 
     def _select_tokens(self, input_ids, candidate_logits):
@@ -187,7 +266,10 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if self._last_drafted is not None:
             self.stats.drafted.append(self._last_drafted)
             self.stats.accepted.append(int(num_matches))
+        else:  # the prefill round: nothing was drafted
+            self.stats.proposers.clear()
         self._last_drafted = None
+        self._last_accepted = int(num_matches)
 
 
 __all__ = ["AdaFlashCandidateGenerator", "SpeculationStats"]

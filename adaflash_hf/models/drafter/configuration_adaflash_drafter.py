@@ -44,6 +44,16 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
         target_model_type (`str`): `model_type` of the target (informational, used to validate and export).
         tokenizer_fingerprint (`str`, *optional*): hash of the target tokenizer's vocabulary; when set and a
             tokenizer is given to `generate`, a mismatch is refused before any compute.
+        draft_vocab_size (`int`, *optional*): if set, the drafter only ever proposes these many tokens (the target's
+            most frequent outputs, stored as the `draft_vocab` buffer): drafting then multiplies by a
+            `[draft_vocab_size, hidden]` slice of the target's LM head instead of the whole vocabulary. Verification
+            still uses the full target, so outputs are unchanged; a rare token is simply never drafted.
+        hybrid_lookup (`bool`): also consult n-gram prompt lookup every round and verify whichever proposal is
+            expected to commit more tokens per second (`generation/policy.py`); `False` always drafts.
+        allow_no_draft (`bool`): let that policy also choose to verify no draft at all (plain decoding) when
+            drafting does not pay, so a weak drafter never makes generation slower than plain `generate`.
+            With `hybrid_lookup=False` and `allow_no_draft=False` every round drafts.
+        lookup_num_tokens (`int`), lookup_max_ngram (`int`): prompt-lookup proposal length and longest n-gram.
         initializer_range (`float`): std of the normal init of linear layers.
     """
 
@@ -72,6 +82,11 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
     num_target_layers: int | None = None
     target_model_type: str | None = None
     tokenizer_fingerprint: str | None = None
+    draft_vocab_size: int | None = None
+    hybrid_lookup: bool = True
+    allow_no_draft: bool = True
+    lookup_num_tokens: int = 10
+    lookup_max_ngram: int = 2
     initializer_range: float = 0.02
     tie_word_embeddings: bool = False
 
@@ -107,6 +122,8 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
             raise ValueError(
                 f"target_layer_ids {self.target_layer_ids} must lie in [0, num_target_layers={self.num_target_layers})."
             )
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must lie in (0, vocab_size={self.vocab_size}].")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size}).")
 

@@ -173,7 +173,11 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        # Ids of the tokens the drafter may propose (see `AdaFlashDrafterConfig.draft_vocab_size`); None: all.
+        vocab = torch.arange(config.draft_vocab_size) if config.draft_vocab_size is not None else None
+        self.register_buffer("draft_vocab", vocab, persistent=True)
         self.gradient_checkpointing = False
+        self._head_slice = None
         self.post_init()
 
     @property
@@ -187,6 +191,36 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
     @property
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Restrict drafting to `token_ids` (`[K]`, e.g. the target's K most frequent output tokens)."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        if token_ids.numel() == 0 or int(token_ids.max()) >= self.config.vocab_size or int(token_ids.min()) < 0:
+            raise ValueError(f"draft vocabulary ids must be non-empty and lie in [0, {self.config.vocab_size}).")
+        self.config.draft_vocab_size = int(token_ids.numel())
+        self.draft_vocab = token_ids.to(self.fc.weight.device)
+        self._head_slice = None
+
+    def draft_logits(self, block_states: torch.Tensor, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of drafted positions with the target's LM head.
+
+        Args:
+            block_states: `[..., hidden]` drafter output states of the positions to draft.
+            lm_head: the target's output embedding (a bias-free `nn.Linear`).
+        Returns:
+            `(logits [..., K], vocab_ids [K] or None)`: with a draft vocabulary, logits over its K tokens and their
+            ids; otherwise full-vocabulary logits and None.
+        """
+        weight = lm_head.weight
+        states = block_states.to(weight.dtype)
+        if self.draft_vocab is None:
+            return lm_head(states), None
+        cached = self._head_slice
+        if cached is None or cached[0] is not weight or cached[1] != weight._version:
+            # The slice of the target's LM head is cached; it is rebuilt if the head is replaced or updated.
+            rows = weight[self.draft_vocab.to(weight.device)].detach().contiguous()
+            self._head_slice = cached = (weight, weight._version, rows)
+        return torch.nn.functional.linear(states, cached[2]), self.draft_vocab
 
     def project_context(self, context_hidden_states: torch.Tensor) -> torch.Tensor:
         """`[batch, ctx_len, len(target_layer_ids) * hidden]` -> `[batch, ctx_len, hidden]` (fc + hidden_norm)."""

@@ -85,3 +85,21 @@ def test_training_blocks_match_the_generation_path():
                 cache=cache,
             ).last_hidden_state
             assert torch.allclose(train_states[0, j], inference[0], atol=1e-5)
+
+
+def test_score_blocks_equals_running_the_target_on_each_drafted_prefix():
+    from adaflash_hf.training.blocks import score_blocks
+
+    target = make_tiny_target(num_layers=2)
+    input_ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    anchors = torch.tensor([[3, 7], [5, 10]])
+    drafted = torch.randint(0, 96, (2, 2, 4), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = score_blocks(target, input_ids, anchors, drafted)
+        assert states.shape == (2, 2, 4, 64)
+        for b in range(2):
+            for j in range(2):
+                i = int(anchors[b, j])
+                seq = torch.cat([input_ids[b, : i + 1], drafted[b, j, :-1]])[None]
+                ref = target.base_model(input_ids=seq).last_hidden_state[0, i:]
+                assert torch.allclose(states[b, j], ref, atol=1e-4)

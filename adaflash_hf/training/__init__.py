@@ -4,12 +4,16 @@ from .blocks import block_attention_mask, block_labels, draft_blocks, position_w
 from .data import build_training_dataset, generate_responses, record_targets
 from .drafter_config import DrafterTrainingConfig
 from .drafter_trainer import DrafterDataCollator, DrafterTrainer
+from .opd_config import OPDConfig
+from .opd_trainer import OPDTrainer, reverse_kl_per_token
 
 
 __all__ = [
     "DrafterDataCollator",
     "DrafterTrainer",
     "DrafterTrainingConfig",
+    "OPDConfig",
+    "OPDTrainer",
     "block_attention_mask",
     "block_labels",
     "build_training_dataset",
@@ -17,5 +21,6 @@ __all__ = [
     "generate_responses",
     "position_weights",
     "record_targets",
+    "reverse_kl_per_token",
     "sample_anchors",
 ]

@@ -139,6 +139,7 @@ __all__ = [
     "gather_context",
     "position_weights",
     "sample_anchors",
+    "score_blocks",
 ]
 
 
@@ -168,3 +169,45 @@ def draft_blocks(
     out = drafter(noise_embeds=noise, context_hidden_states=context.to(dtype), attention_mask=mask,
                   position_ids=positions)
     return out.last_hidden_state.reshape(batch, n, block, -1)
+
+
+def score_blocks(target, input_ids: torch.Tensor, anchors: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
+    """The target's view of drafted blocks: ONE forward over the sequences and all their drafted blocks.
+
+    This is the verification pass of generation, done for many anchors at once: block `j` (drafted tokens
+    `y_1..y_{B-1}` after anchor `i_j`) is appended as `y_1..y_{B-2}` whose queries see the sequence up to `i_j` and
+    their own block causally, at positions `i_j + 1 ...`.
+
+    Args:
+        target: the causal LM (frozen); its base model is called, the LM head is left to the caller.
+        input_ids: `[batch, T]`; anchors: `[batch, n]`; drafted: `[batch, n, B-1]` drafted tokens.
+    Returns:
+        `[batch, n, B-1, H]` final-norm target states whose LM-head logits are `p_T(. | x[<=i], y[<k])` for drafted
+        position k = 1..B-1 (position 1 comes from the sequence itself, at the anchor).
+    """
+    batch, T = input_ids.shape
+    n, m = drafted.shape[1], drafted.shape[2]
+    L = m - 1
+    ids = torch.cat([input_ids, drafted[:, :, :-1].reshape(batch, n * L)], dim=1)
+    q = T + n * L
+    anchors_cpu = anchors.cpu()
+    visible = torch.zeros(batch, q, q, dtype=torch.bool)
+    visible[:, :T, :T] = torch.ones(T, T, dtype=torch.bool).tril()
+    if L > 0:
+        block_of = torch.arange(n * L) // L  # block index of each appended query
+        pos_in = torch.arange(n * L) % L
+        visible[:, T:, :T] = torch.arange(T)[None, None, :] <= anchors_cpu[:, block_of][:, :, None]
+        same_block = block_of[:, None] == block_of[None, :]
+        causal = pos_in[:, None] >= pos_in[None, :]
+        visible[:, T:, T:] = (same_block & causal)[None]
+        block_pos = (anchors_cpu[:, block_of] + 1 + pos_in[None, :])
+    else:
+        block_pos = torch.zeros(batch, 0, dtype=torch.long)
+    positions = torch.cat([torch.arange(T)[None].expand(batch, -1), block_pos], dim=1).to(input_ids.device)
+    dtype = target.dtype
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+    out = target.base_model(input_ids=ids, attention_mask=mask.to(input_ids.device), position_ids=positions)
+    states = out.last_hidden_state
+    first = torch.gather(states[:, :T], 1, anchors[:, :, None].expand(-1, -1, states.shape[-1]))
+    rest = states[:, T:].reshape(batch, n, L, -1)
+    return torch.cat([first[:, :, None], rest], dim=2)

@@ -28,8 +28,8 @@ from .drafter_config import DrafterTrainingConfig
 class DrafterDataCollator:
     """Pads recorded sequences and samples anchors/labels (see `blocks.py`).
 
-    Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]` and
-    `label_mask [b, n, B-1]`.
+    Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]`,
+    `label_mask [b, n, B-1]`, `seq_lens [b]` and `anchor_valid [b, n]`.
     """
 
     def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None):
@@ -55,7 +55,7 @@ class DrafterDataCollator:
         anchors, anchor_valid = sample_anchors(lens, starts, self.num_anchors, self.block_size, self.generator)
         labels, label_mask = block_labels(input_ids, argmax, lens, anchors, anchor_valid, self.block_size)
         return {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
-                "label_mask": label_mask}
+                "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
 
 
 def block_cross_entropy(hidden, lm_head, labels, label_mask, weights):

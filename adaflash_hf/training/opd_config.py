@@ -1,0 +1,33 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""`OPDConfig`: on-policy distillation of a drafter with reverse KL (AdaFlash, part i), TRL style."""
+
+from dataclasses import dataclass, field
+
+from .drafter_config import DrafterTrainingConfig
+
+
+@dataclass
+class OPDConfig(DrafterTrainingConfig):
+    r"""
+    Arguments of [`OPDTrainer`], on top of [`DrafterTrainingConfig`] (names follow TRL's `GKDConfig`).
+
+    Parameters:
+        temperature (`float`): temperature at which the drafter samples its on-policy blocks; `0` drafts greedily.
+        beta (`float`): divergence between drafter q and target p per drafted position, as in TRL: `1.0` is the
+            reverse KL `KL(q || p)` (mode-seeking, AdaFlash's choice), `0.0` the forward KL, in between the
+            generalized JSD.
+        alpha (`float`): weight of an extra cross-entropy term on the target's argmax token at each position.
+        kl_clip (`float` or `None`): per-token divergence is clamped at this value (no gradient above it), so a
+            few hopeless positions do not dominate a step.
+        lmbda (`float`): fraction of blocks whose drafted prefix is on-policy (sampled from the drafter); the
+            others are teacher-forced (the prefix is the recorded target response).
+    """
+
+    temperature: float = field(default=1.0, metadata={"help": "Drafter sampling temperature (0 = greedy)."})
+    beta: float = field(default=1.0, metadata={"help": "1 = reverse KL, 0 = forward KL, else generalized JSD."})
+    alpha: float = field(default=0.1, metadata={"help": "Weight of CE on the target's argmax."})
+    kl_clip: float | None = field(default=10.0, metadata={"help": "Per-token divergence clip."})
+    lmbda: float = field(default=1.0, metadata={"help": "Fraction of on-policy blocks."})
+    num_anchors: int = field(default=12, metadata={"help": "Blocks per sequence per step (the target scores each)."})
+    max_length: int = field(default=448, metadata={"help": "Truncate sequences (the target re-reads them)."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "Fine-tuning learning rate."})

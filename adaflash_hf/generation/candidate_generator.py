@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 
+from .cost_model import best_length
 from .policy import ProposalPolicy
 
 
@@ -38,6 +39,7 @@ class SpeculationStats:
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     proposers: list[str] = field(default_factory=list)
+    survival: list[list[float]] = field(default_factory=list)
     draft_seconds: float = 0.0
 
     @property
@@ -160,6 +162,12 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
 
         block_states = self._draft_block(input_ids, model_kwargs)
         logits, vocab_ids = self._draft_logits(block_states[:, 1 : 1 + budget])
+        head = getattr(self.assistant_model, "length_head", None)
+        if head is not None:  # adaptive length: verify only what is likely to be accepted
+            keep = self._adaptive_length(head, block_states[:, 1 : 1 + budget], logits, now)
+            logits = logits[:, :keep]
+            if keep == 0:
+                return self._propose(input_ids, None, arm, now)
         if self.needs_logits:
             if vocab_ids is not None:  # back to the full vocabulary: tokens outside the draft vocabulary get -inf
                 full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
@@ -179,6 +187,16 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.draft_seconds += time.perf_counter() - start
         self.stats.proposers.append(arm or "none")
         return candidate_ids, candidate_logits
+
+    def _adaptive_length(self, head, states, logits, start) -> int:
+        """Number of drafted tokens to verify, from the length head's survival and the target's cost model."""
+        from ..models.length_head import probability_features
+
+        features = probability_features(logits) if head.config.num_prob_features else None
+        survival = head(block_states=states.to(head.dtype), prob_features=features).survival[0]
+        self.stats.survival.append(survival.tolist())
+        cost = getattr(self.assistant_model, "cost_model", None)
+        return best_length(survival, cost, fixed_seconds=time.perf_counter() - start)
 
     def _draft_logits(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafted logits `[1, n, V or K]` and the draft-vocabulary ids (`None` for the full vocabulary)."""

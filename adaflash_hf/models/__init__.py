@@ -3,11 +3,15 @@
 from transformers import AutoConfig, AutoModel
 
 from .drafter import AdaFlashDrafterConfig, AdaFlashDrafterModel
+from .length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
 
 def _register() -> None:
     """Register our configs/models with the Auto classes and for `auto_map` on save (idempotent)."""
-    for config_cls, model_cls in ((AdaFlashDrafterConfig, AdaFlashDrafterModel),):
+    for config_cls, model_cls in (
+        (AdaFlashDrafterConfig, AdaFlashDrafterModel),
+        (AdaFlashLengthHeadConfig, AdaFlashLengthHead),
+    ):
         AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
         AutoModel.register(config_cls, model_cls, exist_ok=True)
         # Writes `auto_map` into saved configs and copies the modeling/config files next to the weights, so a
@@ -18,4 +22,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["AdaFlashDrafterConfig", "AdaFlashDrafterModel"]
+__all__ = ["AdaFlashDrafterConfig", "AdaFlashDrafterModel", "AdaFlashLengthHead", "AdaFlashLengthHeadConfig"]

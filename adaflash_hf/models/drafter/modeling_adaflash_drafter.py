@@ -178,6 +178,7 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         self.register_buffer("draft_vocab", vocab, persistent=True)
         self.gradient_checkpointing = False
         self._head_slice = None
+        self.attach_length_head(None)
         self.post_init()
 
     @property
@@ -191,6 +192,15 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
     @property
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
+
+    def attach_length_head(self, head: nn.Module | None, cost_model=None) -> None:
+        """Attach an adaptive length head (and the target's cost model) used by `generate(assistant_model=...)`.
+
+        They are kept outside the module tree on purpose: the drafter's checkpoint stays the drafter alone, and the
+        head is saved / pushed as its own model. `None` detaches.
+        """
+        object.__setattr__(self, "length_head", head)
+        object.__setattr__(self, "cost_model", cost_model)
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Restrict drafting to `token_ids` (`[K]`, e.g. the target's K most frequent output tokens)."""

@@ -1,5 +1,5 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""The `adaflash-hf` command line: `adaflash-hf bench ...`."""
+"""The `adaflash-hf` command line: `adaflash-hf bench ...`, `adaflash-hf compare ...`."""
 
 import argparse
 import json
@@ -36,6 +36,65 @@ def _bench_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _compare_parser(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="tau per domain of several drafters on the same prompts (mean and cross-domain std)",
+        description="Greedy speculative decoding with each drafter alone (no prompt lookup, no fallback), on the "
+                    "same prompts; reports tau per domain, its mean and standard deviation across domains, and "
+                    "identical outputs. Used to compare offline-only and OPD drafters.")
+    p.add_argument("--drafters", required=True, help="comma-separated drafter folders")
+    p.add_argument("--labels", default=None, help="comma-separated names (default: folder names)")
+    p.add_argument("--prompts", type=Path, default=None, help="JSONL prompts (default: committed eval prompts)")
+    p.add_argument("--max-prompts", type=int, default=None, help="at most this many prompts per domain")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+
+
+def _select(records, max_per_domain):
+    if not max_per_domain:
+        return records
+    seen = {}
+    return [r for r in records if seen.setdefault(r["domain"], []).append(r) or len(seen[r["domain"]]) <= max_per_domain]
+
+
+def run_compare(args) -> dict:
+    from .bench.runner import run_benchmark, summarize
+    from .testbed import default_eval_prompts, read_prompts_jsonl
+
+    records = _select(read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts(), args.max_prompts)
+    paths = [p.strip() for p in args.drafters.split(",") if p.strip()]
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else [Path(p).name for p in paths]
+    if len(labels) != len(paths):
+        raise SystemExit("--labels must name every drafter")
+    dtype = getattr(torch, args.dtype)
+    references: list = []
+    results = {}
+    for label, path in zip(labels, paths):
+        target, tokenizer, drafter = load_models(None, path, dtype)
+        drafter.config.hybrid_lookup, drafter.config.allow_no_draft = False, False  # the drafter alone
+        methods = ("adaflash",) if references else ("plain", "adaflash")
+        measured = run_benchmark(target, tokenizer, drafter, records, methods=methods,
+                                 max_new_tokens=args.max_new_tokens, progress=not args.quiet, references=references)
+        summary = summarize([m for m in measured if m.method == "adaflash"], block_size=drafter.config.block_size)
+        taus = {d: v["tau"] for d, v in summary["domains"].items()}
+        results[label] = {"path": path, "tau_by_domain": taus, "tau_mean": sum(taus.values()) / len(taus),
+                          "tau_std": summary["tau_cross_domain_std"], "overall_tau": summary["overall"]["tau"],
+                          "identical": summary["overall"]["identical"], "total": summary["overall"]["total"]}
+    return {"drafters": results, "config": {"max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
+                                            "n_prompts": len(records)}}
+
+
+def print_compare(result: dict) -> None:
+    drafters = result["drafters"]
+    domains = list(next(iter(drafters.values()))["tau_by_domain"])
+    print(f"\n{'drafter':<24}" + "".join(f"{d:>8}" for d in domains) + f"{'mean':>8}{'std':>8}{'identical':>11}")
+    for label, row in drafters.items():
+        print(f"{label:<24}" + "".join(f"{row['tau_by_domain'][d]:>8.2f}" for d in domains)
+              + f"{row['tau_mean']:>8.2f}{row['tau_std']:>8.3f}{row['identical']:>6}/{row['total']}")
 
 
 def _methods():
@@ -79,10 +138,7 @@ def run_bench(args) -> dict:
         raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(_methods())}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    records = read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts()
-    if args.max_prompts:
-        seen = {}
-        records = [r for r in records if seen.setdefault(r["domain"], []).append(r) or len(seen[r["domain"]]) <= args.max_prompts]
+    records = _select(read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts(), args.max_prompts)
     dtype = getattr(torch, args.dtype)
     target, tokenizer, drafter = load_models(args.target, args.drafter, dtype)
     results = run_benchmark(target, tokenizer, drafter, records, methods=methods,
@@ -141,7 +197,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="adaflash-hf", description="AdaFlash speculative decoding tools")
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
+    _compare_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        result = run_compare(args)
+        print_compare(result)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2))
+            print(f"wrote {args.json}")
     if args.command == "bench":
         summary = run_bench(args)
         print_bench(summary)

@@ -23,6 +23,7 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed, read_prompts_jsonl
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig, build_training_dataset
+from adaflash_hf.training.data import frequent_tokens
 
 
 @dataclass
@@ -38,6 +39,9 @@ class ScriptArguments:
     block_size: int = field(default=8, metadata={"help": "block size (anchor included)"})
     num_context_layers: int = field(default=5, metadata={"help": "target layers read by the drafter"})
     init_drafter: str | None = field(default=None, metadata={"help": "continue from this drafter folder"})
+    draft_vocab_size: int | None = field(default=8192, metadata={
+        "help": "draft only the K most frequent response tokens (cheaper drafting and training); 0: full vocab"})
+    max_train_sequences: int | None = field(default=None, metadata={"help": "use at most this many (data curve)"})
     early_stopping_patience: int = field(default=4, metadata={"help": "evaluations without improvement"})
 
 
@@ -74,6 +78,14 @@ def main():
         gen_dtype=getattr(torch, script.gen_dtype),
     )
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
+    if script.max_train_sequences:
+        split["train"] = split["train"].select(range(min(script.max_train_sequences, len(split["train"]))))
+    if script.draft_vocab_size and drafter.config.draft_vocab_size is None:
+        eos = [t for t in [tokenizer.eos_token_id] if t is not None]
+        vocab, coverage = frequent_tokens(split["train"], script.draft_vocab_size, always=eos)
+        drafter.set_draft_vocab(vocab)
+        logging.info("draft vocabulary: %d tokens covering %.2f%% of training response tokens",
+                     len(vocab), 100 * coverage)
     n_tokens = sum(len(x) for x in split["train"]["input_ids"])
     logging.info("training data: %d sequences (%d tokens), validation: %d sequences",
                  len(split["train"]), n_tokens, len(split["test"]))

@@ -77,3 +77,19 @@ def test_checkpoint_saves_the_drafter_and_training_resumes(recorded, tmp_path):
     resumed.add_callback(CountSteps)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert CountSteps.steps == list(range(11, 21))  # steps 1-10 came from the checkpoint
+
+
+def test_draft_vocabulary_training(recorded, tmp_path):
+    from adaflash_hf.training.data import frequent_tokens
+
+    target, dataset = recorded
+    vocab, coverage = frequent_tokens(dataset, k=24, always=[95])
+    assert vocab.numel() == 24 and 95 in vocab.tolist() and 0 < coverage <= 1
+    full, full_coverage = frequent_tokens(dataset, k=96)
+    assert full_coverage == 1.0 and coverage < 1.0
+    trainer = _trainer(target, dataset, tmp_path, max_steps=40)
+    trainer.model.set_draft_vocab(vocab)
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    assert after["eval_loss"] < before["eval_loss"]

@@ -189,10 +189,35 @@ def build_training_dataset(
     return datasets.load_from_disk(str(rec_path))
 
 
+def frequent_tokens(dataset, k: int, always: list[int] | tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+    """The `k` most frequent response tokens of a recorded dataset (a drafter's draft vocabulary).
+
+    Returns `(token_ids [k] sorted by id, coverage)` where coverage is the share of response tokens they cover.
+    Ids in `always` (e.g. EOS) are included whatever their frequency.
+    """
+    responses = [torch.as_tensor(ids[start:], dtype=torch.long) for ids, start in
+                 zip(dataset["input_ids"], dataset["prompt_len"])]
+    tokens = torch.cat(responses) if responses else torch.zeros(0, dtype=torch.long)
+    size = max([int(tokens.max()) + 1 if tokens.numel() else 0, *[t + 1 for t in always]])
+    counts = torch.bincount(tokens, minlength=size)
+    boosted = counts.clone()
+    boosted[list(always)] = counts.max() + 1
+    top = torch.topk(boosted, min(k, size)).indices
+    coverage = float(counts[top].sum()) / max(int(counts.sum()), 1)
+    return top.sort().values, coverage
+
+
 def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-__all__ = ["build_training_dataset", "encode_prompt", "fingerprint", "generate_responses", "record_targets"]
+__all__ = [
+    "build_training_dataset",
+    "encode_prompt",
+    "fingerprint",
+    "frequent_tokens",
+    "generate_responses",
+    "record_targets",
+]

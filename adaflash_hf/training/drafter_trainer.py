@@ -58,18 +58,33 @@ class DrafterDataCollator:
                 "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
 
 
-def block_cross_entropy(hidden, lm_head, labels, label_mask, weights):
+def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights):
     """Weighted CE of drafted positions against target tokens, LM head applied to labelled rows only.
 
+    With a draft vocabulary (`drafter.draft_vocab`) the softmax runs over those K tokens only (a `[K, H]` slice of
+    the LM head: much cheaper than the full vocabulary), exactly as generation drafts; labels outside it cannot be
+    drafted and are left out of the loss (they still count as misses in `tau_proxy`).
+
     hidden: `[b, n, B-1, H]`; labels / label_mask: `[b, n, B-1]`; weights: `[B-1]`.
-    Returns `(loss, logits_of_rows [N, V], row_index tuple)`.
+    Returns `(loss, predicted token ids of the rows [N], row_index tuple)`.
     """
     rows = label_mask.nonzero(as_tuple=True)
-    logits = lm_head(hidden[rows].to(lm_head.weight.dtype)).float()
+    logits, vocab_ids = drafter.draft_logits(hidden[rows], lm_head)
+    logits = logits.float()
+    targets = labels[rows]
     w = weights.to(logits.device)[rows[2]]
-    ce = F.cross_entropy(logits, labels[rows], reduction="none")
+    if vocab_ids is not None:
+        index = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=logits.device)
+        index[vocab_ids] = torch.arange(vocab_ids.numel(), device=logits.device)
+        targets = index[targets]
+        w = w * (targets >= 0)
+        targets = targets.clamp_min(0)
+    ce = F.cross_entropy(logits, targets, reduction="none")
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
-    return loss, logits, rows
+    predicted = logits.argmax(dim=-1)
+    if vocab_ids is not None:
+        predicted = vocab_ids[predicted]
+    return loss, predicted, rows
 
 
 def accepted_lengths(predictions, labels, label_mask):
@@ -121,18 +136,19 @@ class DrafterTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         hidden = self._block_hidden(model, inputs)
-        loss, logits, rows = block_cross_entropy(hidden, self.target_lm_head, inputs["labels"],
-                                                 inputs["label_mask"], self.position_weights)
-        return (loss, (logits, rows)) if return_outputs else loss
+        drafter = self.accelerator.unwrap_model(model)
+        loss, predicted, rows = block_cross_entropy(hidden, drafter, self.target_lm_head, inputs["labels"],
+                                                    inputs["label_mask"], self.position_weights)
+        return (loss, (predicted, rows)) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
-            loss, (logits, rows) = self.compute_loss(model, inputs, return_outputs=True)
+            loss, (predicted, rows) = self.compute_loss(model, inputs, return_outputs=True)
         if prediction_loss_only:
             return loss.detach(), None, None
         predictions = torch.full_like(inputs["labels"], -1)
-        predictions[rows] = logits.argmax(dim=-1)
+        predictions[rows] = predicted
         accepted = accepted_lengths(predictions, inputs["labels"], inputs["label_mask"]).flatten()
         usable = inputs["label_mask"][..., 0].flatten()  # blocks whose first position is labelled
         return loss.detach(), accepted[usable].float(), torch.ones_like(accepted[usable]).float()

@@ -1,0 +1,83 @@
+"""Train the adaptive length head for a drafter, and calibrate the target's verification cost model.
+
+    python examples/train_length_head.py --drafter outputs/drafter/final --output_dir outputs/length_head
+    accelerate launch examples/train_length_head.py ...
+
+1. Real acceptance: the drafter drafts greedily at random anchors of the cached training sequences and the target
+   verifies every block in one forward (greedy), giving accepted/rejected per drafted position.
+2. `LengthHeadTrainer` fits the head (survival BCE) with a held-out split; evaluation reports the mean predicted vs
+   actual accepted length.
+3. `TargetCostModel.calibrate` times verification forwards of 1..16 tokens; saved as `cost_model.json` next to the
+   head. Attach both with `drafter.attach_length_head(head, cost_model)`.
+"""
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import HfArgumentParser, TrainingArguments
+
+import adaflash_hf  # noqa: F401
+from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.checkpoints import default_drafter_dir
+from adaflash_hf.generation.cost_model import TargetCostModel
+from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
+from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed
+from adaflash_hf.training import build_training_dataset
+from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
+
+
+@dataclass
+class ScriptArguments:
+    drafter: str | None = field(default=None, metadata={"help": "drafter folder (default: shipped one)"})
+    prompts_per_domain: int = field(default=300, metadata={"help": "training prompts per domain (cache hit)"})
+    max_new_tokens: int = field(default=160, metadata={"help": "target response length of the training data"})
+    num_sequences: int = field(default=400, metadata={"help": "sequences used to collect acceptance outcomes"})
+    num_anchors: int = field(default=16, metadata={"help": "blocks per sequence"})
+    head_dim: int = field(default=128, metadata={"help": "hidden width of the head"})
+    calibrate_threads: int | None = field(default=None, metadata={"help": "torch threads for the cost calibration"})
+
+
+def main():
+    script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    target, tokenizer = load_testbed(dtype=torch.float32)
+    path = script.drafter or default_drafter_dir()
+    if path is None:
+        raise SystemExit("no drafter: pass --drafter PATH")
+    drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
+    drafter.check_compatible(target, tokenizer)
+
+    records = load_prompts(split="train", max_per_domain=script.prompts_per_domain)
+    random.Random(0).shuffle(records)
+    dataset = build_training_dataset(target, tokenizer, records, drafter.config.target_layer_ids,
+                                     cache_root=cache_dir() / "datasets", target_name="testbed:SmolLM2-135M-Instruct",
+                                     max_new_tokens=script.max_new_tokens, gen_dtype=torch.bfloat16)
+    subset = dataset.shuffle(seed=1).select(range(min(script.num_sequences, len(dataset))))
+    data = collect_length_data(drafter, target, subset, num_anchors=script.num_anchors)
+    train, val = data.split(0.1)
+
+    config = AdaFlashLengthHeadConfig(hidden_size=drafter.config.hidden_size, block_size=drafter.config.block_size,
+                                      head_dim=script.head_dim)
+    head = AdaFlashLengthHead(config)
+    trainer = LengthHeadTrainer(model=head, args=args, train_dataset=train, eval_dataset=val,
+                                compute_metrics=length_metrics)
+    trainer.train()
+    metrics = trainer.evaluate()
+
+    if script.calibrate_threads:
+        torch.set_num_threads(script.calibrate_threads)
+    cost = TargetCostModel.calibrate(target, num_tokens=(1, 2, 3, 4, 6, 8, 12, 16))
+    final = Path(args.output_dir) / "final"
+    head.save_pretrained(final)
+    cost.save(final / "cost_model.json")
+    (final / "training_summary.json").write_text(json.dumps(
+        {"drafter": str(path), "blocks": len(data), "eval": metrics, "cost_model": cost.points}, indent=2))
+    logging.info("saved %s: %s", final, metrics)
+
+
+if __name__ == "__main__":
+    main()

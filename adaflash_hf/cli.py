@@ -202,20 +202,16 @@ def main(argv=None) -> int:
     if args.command == "compare":
         result = run_compare(args)
         print_compare(result)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=2))
-            print(f"wrote {args.json}")
-    if args.command == "bench":
-        summary = run_bench(args)
-        print_bench(summary)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(summary, indent=2))
-            print(f"wrote {args.json}")
+    else:
+        result = run_bench(args)
+        print_bench(result)
         if args.plot:
-            plot_bench(summary, args.plot)
+            plot_bench(result, args.plot)
             print(f"wrote {args.plot}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -23,15 +23,15 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed, read_prompts_jsonl
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig, build_training_dataset
-from adaflash_hf.training.data import frequent_tokens
+from adaflash_hf.training.data import frequent_tokens, testbed_training_dataset
 
 
 @dataclass
 class ScriptArguments:
     target: str | None = field(default=None, metadata={"help": "target folder (default: the testbed model)"})
     train_prompts: str | None = field(default=None, metadata={"help": "JSONL of training prompts (default: testbed)"})
-    prompts_per_domain: int = field(default=600, metadata={"help": "training prompts per domain (testbed)"})
-    max_new_tokens: int = field(default=192, metadata={"help": "target response length for the training data"})
+    prompts_per_domain: int = field(default=300, metadata={"help": "training prompts per domain (testbed)"})
+    max_new_tokens: int = field(default=160, metadata={"help": "target response length for the training data"})
     gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
     gen_dtype: str = field(default="bfloat16", metadata={"help": "dtype used to generate responses (~2x faster)"})
     val_fraction: float = field(default=0.05, metadata={"help": "held-out validation fraction"})
@@ -67,16 +67,19 @@ def main():
                                                    num_context_layers=script.num_context_layers, tokenizer=tokenizer)
     drafter.config._attn_implementation = "sdpa"
 
-    if script.train_prompts:
-        records = read_prompts_jsonl(script.train_prompts)
+    if script.train_prompts or script.target:
+        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
+            split="train", max_per_domain=script.prompts_per_domain)
+        random.Random(0).shuffle(records)
+        dataset = build_training_dataset(
+            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
+            target_name=target_name, max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+            gen_dtype=getattr(torch, script.gen_dtype),
+        )
     else:
-        records = load_prompts(split="train", max_per_domain=script.prompts_per_domain)
-    random.Random(0).shuffle(records)
-    dataset = build_training_dataset(
-        target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
-        target_name=target_name, max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
-        gen_dtype=getattr(torch, script.gen_dtype),
-    )
+        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
+                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
+                                           script.gen_dtype)
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
     if script.max_train_sequences:
         split["train"] = split["train"].select(range(min(script.max_train_sequences, len(split["train"]))))

@@ -13,7 +13,6 @@
 
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +24,8 @@ from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
-from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed
-from adaflash_hf.training import build_training_dataset
+from adaflash_hf.testbed import load_testbed
+from adaflash_hf.training.data import testbed_training_dataset
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 
 
@@ -51,11 +50,8 @@ def main():
     drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
     drafter.check_compatible(target, tokenizer)
 
-    records = load_prompts(split="train", max_per_domain=script.prompts_per_domain)
-    random.Random(0).shuffle(records)
-    dataset = build_training_dataset(target, tokenizer, records, drafter.config.target_layer_ids,
-                                     cache_root=cache_dir() / "datasets", target_name="testbed:SmolLM2-135M-Instruct",
-                                     max_new_tokens=script.max_new_tokens, gen_dtype=torch.bfloat16)
+    dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
+                                       script.max_new_tokens)
     subset = dataset.shuffle(seed=1).select(range(min(script.num_sequences, len(dataset))))
     data = collect_length_data(drafter, target, subset, num_anchors=script.num_anchors)
     train, val = data.split(0.1)

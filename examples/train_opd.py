@@ -11,7 +11,6 @@ to `output_dir/final`.
 
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +20,9 @@ from transformers import HfArgumentParser
 import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.checkpoints import default_drafter_dir
-from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed
-from adaflash_hf.training import OPDConfig, OPDTrainer, build_training_dataset
+from adaflash_hf.testbed import load_testbed
+from adaflash_hf.training import OPDConfig, OPDTrainer
+from adaflash_hf.training.data import testbed_training_dataset
 
 
 @dataclass
@@ -45,13 +45,8 @@ def main():
     drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32)
     drafter.check_compatible(target, tokenizer)
 
-    records = load_prompts(split="train", max_per_domain=script.prompts_per_domain)
-    random.Random(0).shuffle(records)
-    dataset = build_training_dataset(
-        target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
-        target_name="testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
-        gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype),
-    )
+    dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
+                                       script.max_new_tokens, script.gen_batch_size, script.gen_dtype)
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
     by_domain = {d: split["test"].filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(split["test"]["domain"]))}
     trainer = OPDTrainer(drafter, config, target, train_dataset=split["train"], eval_dataset=by_domain)

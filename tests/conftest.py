@@ -66,6 +66,19 @@ class OracleDrafter(AdaFlashDrafterModel):
         return out
 
 
+def record_tiny_dataset(target, layer_ids, n_sequences: int, max_new_tokens: int = 30, seed: int = 0):
+    """Greedy target responses to random 6-token prompts, recorded as a training dataset."""
+    from adaflash_hf.training import record_targets
+
+    g = torch.Generator().manual_seed(seed)
+    sequences = []
+    for _ in range(n_sequences):
+        out = target.generate(torch.randint(0, VOCAB, (1, 6), generator=g), max_new_tokens=max_new_tokens,
+                              do_sample=False)
+        sequences.append({"input_ids": out[0].tolist(), "prompt_len": 6, "domain": "tiny"})
+    return record_targets(target, sequences, layer_ids, batch_size=8)
+
+
 @pytest.fixture
 def tiny_target():
     return make_tiny_target()

@@ -7,22 +7,16 @@ import torch
 from transformers import TrainerCallback
 
 from adaflash_hf import AdaFlashDrafterModel
-from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig, record_targets
+from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
 
-from .conftest import make_tiny_target
+from .conftest import make_tiny_target, record_tiny_dataset
 
 
 @pytest.fixture(scope="module")
 def recorded():
     target = make_tiny_target(num_layers=4)
-    g = torch.Generator().manual_seed(0)
-    sequences = []
-    for _ in range(24):
-        prompt = torch.randint(0, 96, (1, 6), generator=g)
-        out = target.generate(prompt, max_new_tokens=40, do_sample=False)
-        sequences.append({"input_ids": out[0].tolist(), "prompt_len": 6, "domain": "tiny"})
     layer_ids = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).config.target_layer_ids
-    dataset = record_targets(target, sequences, layer_ids, batch_size=8)
+    dataset = record_tiny_dataset(target, layer_ids, n_sequences=24, max_new_tokens=40)
     return target, dataset
 
 

@@ -7,7 +7,6 @@ from transformers import AutoModel, TrainingArguments
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.generation.cost_model import TargetCostModel, best_length
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
-from adaflash_hf.training import record_targets
 from adaflash_hf.training.length_head import (
     LengthHeadTrainer,
     collect_length_data,
@@ -15,7 +14,7 @@ from adaflash_hf.training.length_head import (
     length_metrics,
 )
 
-from .conftest import make_oracle, make_tiny_target
+from .conftest import make_oracle, make_tiny_target, record_tiny_dataset
 
 
 def _head(hidden=64, block=6, bias=0.0):
@@ -71,14 +70,9 @@ def test_generation_with_a_length_head_is_lossless_and_truncates(bias, expect_dr
 
 def test_collect_train_and_save_a_length_head(tmp_path):
     target = make_tiny_target(num_layers=4)
-    g = torch.Generator().manual_seed(0)
-    sequences = []
-    for _ in range(12):
-        out = target.generate(torch.randint(0, 96, (1, 6), generator=g), max_new_tokens=30, do_sample=False)
-        sequences.append({"input_ids": out[0].tolist(), "prompt_len": 6, "domain": "tiny"})
     torch.manual_seed(0)
     drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
-    recorded = record_targets(target, sequences, drafter.config.target_layer_ids, batch_size=6)
+    recorded = record_tiny_dataset(target, drafter.config.target_layer_ids, n_sequences=12)
     data = collect_length_data(drafter, target, recorded, num_anchors=8, progress=False)
     assert data.labels.shape[1] == 3 and len(data) > 50
     assert torch.equal(expected_acceptance(torch.tensor([[1, 1, 0], [0, 1, 1]])), torch.tensor([2, 0]))

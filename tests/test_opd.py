@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafterModel
-from adaflash_hf.training import OPDConfig, OPDTrainer, record_targets, reverse_kl_per_token
+from adaflash_hf.training import OPDConfig, OPDTrainer, reverse_kl_per_token
 
-from .conftest import make_tiny_target
+from .conftest import make_tiny_target, record_tiny_dataset
 
 
 def test_reverse_kl_matches_a_hand_computation():
@@ -32,15 +32,9 @@ def test_reverse_kl_matches_a_hand_computation():
 @pytest.fixture(scope="module")
 def opd_setup(tmp_path_factory):
     target = make_tiny_target(num_layers=4)
-    g = torch.Generator().manual_seed(0)
-    sequences = []
-    for _ in range(16):
-        prompt = torch.randint(0, 96, (1, 6), generator=g)
-        out = target.generate(prompt, max_new_tokens=30, do_sample=False)
-        sequences.append({"input_ids": out[0].tolist(), "prompt_len": 6, "domain": "tiny"})
     torch.manual_seed(0)
     drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4)
-    dataset = record_targets(target, sequences, drafter.config.target_layer_ids, batch_size=8)
+    dataset = record_tiny_dataset(target, drafter.config.target_layer_ids, n_sequences=16)
     return target, drafter, dataset, tmp_path_factory.mktemp("opd")
 
 

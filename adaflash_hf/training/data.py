@@ -189,6 +189,27 @@ def build_training_dataset(
     return datasets.load_from_disk(str(rec_path))
 
 
+def testbed_training_dataset(target, tokenizer, target_layer_ids: list[int], prompts_per_domain: int = 300,
+                             max_new_tokens: int = 160, gen_batch_size: int = 32,
+                             gen_dtype: str = "bfloat16") -> datasets.Dataset:
+    """The recorded training data of the offline testbed (train split of every domain), cached.
+
+    Every example script calls this with the same defaults, so drafter, OPD and length-head training share one
+    cached dataset.
+    """
+    import random
+
+    from ..testbed import cache_dir, load_prompts
+
+    records = load_prompts(split="train", max_per_domain=prompts_per_domain)
+    random.Random(0).shuffle(records)
+    return build_training_dataset(
+        target, tokenizer, records, target_layer_ids, cache_root=cache_dir() / "datasets",
+        target_name="testbed:SmolLM2-135M-Instruct", max_new_tokens=max_new_tokens,
+        gen_batch_size=gen_batch_size, gen_dtype=getattr(torch, gen_dtype),
+    )
+
+
 def frequent_tokens(dataset, k: int, always: list[int] | tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
     """The `k` most frequent response tokens of a recorded dataset (a drafter's draft vocabulary).
 
@@ -220,4 +241,5 @@ __all__ = [
     "frequent_tokens",
     "generate_responses",
     "record_targets",
+    "testbed_training_dataset",
 ]

@@ -20,11 +20,10 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 
 import adaflash_hf  # noqa: F401
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
-from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training.data import testbed_training_dataset
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 
@@ -43,12 +42,8 @@ class ScriptArguments:
 def main():
     script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    target, tokenizer = load_testbed(dtype=torch.float32)
+    target, tokenizer, drafter = load_models(None, script.drafter, torch.float32)  # testbed + drafter, checked
     path = script.drafter or default_drafter_dir()
-    if path is None:
-        raise SystemExit("no drafter: pass --drafter PATH")
-    drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
-    drafter.check_compatible(target, tokenizer)
 
     dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
                                        script.max_new_tokens)

@@ -18,9 +18,8 @@ import torch
 from transformers import HfArgumentParser
 
 import adaflash_hf  # noqa: F401
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
-from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import OPDConfig, OPDTrainer
 from adaflash_hf.training.data import testbed_training_dataset
 
@@ -38,12 +37,8 @@ class ScriptArguments:
 def main():
     script, config = HfArgumentParser((ScriptArguments, OPDConfig)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    target, tokenizer = load_testbed(dtype=torch.float32)
+    target, tokenizer, drafter = load_models(None, script.init_drafter, torch.float32)  # testbed + drafter, checked
     path = script.init_drafter or default_drafter_dir()
-    if path is None:
-        raise SystemExit("no drafter to fine-tune: pass --init_drafter PATH (train one with train_drafter.py)")
-    drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32)
-    drafter.check_compatible(target, tokenizer)
 
     dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
                                        script.max_new_tokens, script.gen_batch_size, script.gen_dtype)

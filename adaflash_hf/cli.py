@@ -15,8 +15,9 @@ tau is tokens committed per verification forward, bonus token included:
 speed-up = a method's tokens/s over plain greedy's, on the same prompts in the same run.
 JSON: {"overall": {"tau", "speedup", "identical", "total"}, "domains": {domain: {same keys}},
        "tau_cross_domain_std", "methods": {method: {"overall": {...}, "domains": {...}}}, "config": {...}}
-where "overall"/"domains" describe our generate path ("adaflash") and identical counts outputs equal to plain
-greedy token for token out of total.
+where "overall"/"domains" describe our generate path ("adaflash": drafter + prompt lookup + no-draft fallback,
+chosen per round) and identical counts outputs equal to plain greedy token for token out of total.
+"drafter_only" is our generator drafting every round; "prompt_lookup" is transformers' lookup alone.
 """
 
 

@@ -31,7 +31,7 @@ def test_bench_json_schema_and_accounting(tmp_path, capsys):
     target = make_tiny_target()
     torch.manual_seed(0)
     drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
-    methods = ("plain", "prompt_lookup", "early_exit", "dflash_native", "adaflash")
+    methods = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
     results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=methods, max_new_tokens=12,
                             raw=True, progress=False)
     assert len(results) == len(RECORDS) * len(methods)
@@ -48,6 +48,7 @@ def test_bench_json_schema_and_accounting(tmp_path, capsys):
     rounds = sum(len(m.accepted) for m in results if m.method == "adaflash")
     committed = sum(sum(m.accepted) + len(m.accepted) for m in results if m.method == "adaflash")
     assert abs(ours["tau"] - committed / rounds) < 1e-9
+    assert drafter.config.hybrid_lookup and drafter.config.allow_no_draft  # drafter_only restored the flags
     assert len(ours["acceptance_by_position"]) == 3
     assert set(ours["time_per_round_ms"]) == {"drafting", "verification_forward", "other"}
     for method in methods:

@@ -12,6 +12,7 @@ excluded. A "full target forward" is a call that reaches the target's last decod
 does not). Plain greedy therefore has tau = 1.
 """
 
+import contextlib
 import statistics
 import time
 from collections import defaultdict
@@ -23,7 +24,9 @@ from tqdm.auto import tqdm
 from ..training.data import encode_prompt
 
 
-METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "adaflash")
+METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
+# "drafter_only": our generator drafting every round (no lookup, no fallback); "adaflash": the default hybrid.
+_DRAFTER_ONLY = {"hybrid_lookup": False, "allow_no_draft": False}
 
 
 @dataclass
@@ -82,9 +85,22 @@ def method_kwargs(method: str, drafter, target, lookup_tokens: int = 10, early_e
         return {"assistant_early_exit": early_exit_layer or max(1, layers // 4)}
     if method == "dflash_native":
         return {"assistant_model": drafter, "speculation_type": "dflash"}
-    if method == "adaflash":
+    if method in ("adaflash", "drafter_only"):
         return {"assistant_model": drafter}
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+@contextlib.contextmanager
+def _drafter_config(drafter, overrides: dict):
+    """Temporarily override drafter config flags (e.g. drafting every round for "drafter_only")."""
+    saved = {k: getattr(drafter.config, k) for k in overrides}
+    for k, v in overrides.items():
+        setattr(drafter.config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(drafter.config, k, v)
 
 
 @torch.inference_mode()
@@ -115,17 +131,19 @@ def run_benchmark(
         encoded = [torch.tensor([encode_prompt(tokenizer, r["prompt"], chat_template=not raw)]) for r in records]
         for ids in encoded[:warmup]:  # warm up kernels/allocator once per method
             for method in methods:
-                target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                **method_kwargs(method, drafter, target))
+                with _drafter_config(drafter, _DRAFTER_ONLY if method == "drafter_only" else {}):
+                    target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                    **method_kwargs(method, drafter, target))
         for i, (record, ids) in enumerate(tqdm(list(zip(records, encoded)), desc="bench", disable=not progress,
                                                 unit="prompt")):
             reference = references[i] if reuse else None
             for method in methods:
                 probe.reset()
-                start = time.perf_counter()
-                out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                      do_sample=False, **method_kwargs(method, drafter, target))
-                seconds = time.perf_counter() - start
+                with _drafter_config(drafter, _DRAFTER_ONLY if method == "drafter_only" else {}):
+                    start = time.perf_counter()
+                    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                          do_sample=False, **method_kwargs(method, drafter, target))
+                    seconds = time.perf_counter() - start
                 if method == "plain" and not reuse:
                     reference = out
                     if references is not None:
@@ -139,7 +157,7 @@ def run_benchmark(
                     target_forwards=probe.count,
                     verify_seconds=probe.seconds,
                 )
-                if method == "adaflash":
+                if method in ("adaflash", "drafter_only"):
                     stats = drafter.generation_stats
                     m.draft_seconds, m.drafted, m.accepted = stats.draft_seconds, list(stats.drafted), list(stats.accepted)
                 results.append(m)

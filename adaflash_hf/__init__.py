@@ -4,18 +4,32 @@
 `target.generate(**inputs, assistant_model=drafter)` use `AdaFlashCandidateGenerator`.
 """
 
-from .generation import AdaFlashCandidateGenerator, SpeculationStats, check_pair
+from .generation import (
+    AdaFlashBatchGenerator,
+    AdaFlashCandidateGenerator,
+    SpeculationStats,
+    TargetCostModel,
+    batched_generate,
+    check_pair,
+    generate_batch,
+)
 from .generation import install as _install_generation_hook
-from .models import AdaFlashDrafterConfig, AdaFlashDrafterModel
+from .models import AdaFlashDrafterConfig, AdaFlashDrafterModel, AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
 
 _install_generation_hook()
 
 __version__ = "0.1.0"
 __all__ = [
+    "AdaFlashBatchGenerator",
     "AdaFlashCandidateGenerator",
     "AdaFlashDrafterConfig",
     "AdaFlashDrafterModel",
+    "AdaFlashLengthHead",
+    "AdaFlashLengthHeadConfig",
     "SpeculationStats",
+    "TargetCostModel",
+    "batched_generate",
     "check_pair",
+    "generate_batch",
 ]

@@ -1,0 +1,215 @@
+"""Hub uploads up to the HTTP boundary: staged files, card contents (numbers from the bench JSON), API calls.
+
+The only stand-in is `FakeApi`, passed as `api=`: it records `create_repo` / `upload_folder` calls and snapshots
+the folder being uploaded (the staging folder is temporary).
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from adaflash_hf import AdaFlashDrafterConfig, AdaFlashDrafterModel
+from adaflash_hf.generation.cost_model import TargetCostModel
+from adaflash_hf.hub import (
+    load_bench_summary,
+    push_drafter,
+    push_training_data,
+    render_drafter_card,
+    stage_drafter_repo,
+    target_model_from_bench,
+)
+from adaflash_hf.interop import CheckpointError
+from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
+
+
+REPO = "someone/tiny-adaflash-drafter"
+TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+BENCH = {
+    "overall": {"tau": 3.1416, "speedup": 1.2345, "identical": 7, "total": 8},
+    "domains": {"code": {"tau": 4.0625, "speedup": 1.5555, "identical": 4, "total": 4},
+                "math": {"tau": 2.2207, "speedup": 0.9137, "identical": 3, "total": 4}},
+    "tau_cross_domain_std": 0.92,
+    "methods": {},
+    "config": {"target": "testbed:SmolLM2-135M-Instruct", "n_prompts": 8, "max_new_tokens": 64, "dtype": "float32",
+               "threads": 2},
+}
+DRAFTER_FILES = {"README.md", "bench.json", "config.json", "model.safetensors", "configuration_adaflash_drafter.py",
+                 "modeling_adaflash_drafter.py"}
+HEAD_FILES = {f"length_head/{f}" for f in ("README.md", "config.json", "model.safetensors", "cost_model.json",
+                                           "configuration_adaflash_length_head.py",
+                                           "modeling_adaflash_length_head.py")}
+
+
+class FakeApi:
+    """Stand-in for `huggingface_hub.HfApi`: records calls, snapshots the uploaded folder."""
+
+    def __init__(self):
+        self.calls, self.files = [], {}
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs["repo_id"], {k: v for k, v in kwargs.items()
+                                                                  if k not in ("repo_id", "folder_path")}))
+        root = Path(kwargs["folder_path"])
+        self.files = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        return "commit-url"
+
+
+@pytest.fixture
+def drafter():
+    torch.manual_seed(0)
+    config = AdaFlashDrafterConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, block_size=4, mask_token_id=49,
+                                   target_layer_ids=[0, 2], num_target_layers=4)
+    return AdaFlashDrafterModel(config).eval()
+
+
+@pytest.fixture
+def head():
+    torch.manual_seed(1)
+    return AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=32, block_size=4, head_dim=8)).eval()
+
+
+COST = TargetCostModel(points={1: {1: 0.0500, 4: 0.0731}}, context_length=128, description="on a test box")
+
+
+def make_adapters(root: Path) -> Path:
+    for name in ("code", "math"):
+        (root / name).mkdir(parents=True)
+        (root / name / "adapter_config.json").write_text(json.dumps({"r": 4, "name": name}))
+        save_file({"w": torch.ones(2)}, str(root / name / "adapter_model.safetensors"))
+    return root
+
+
+def listing(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_staged_repository_layout_and_cards(tmp_path, drafter, head):
+    folder = stage_drafter_repo(
+        drafter, tmp_path / "repo", BENCH, repo_id=REPO, length_head=head, cost_model=COST,
+        adapter_dir=make_adapters(tmp_path / "adapters"), training_method="KL distillation, 3 epochs",
+        training_data="3000 target responses.", length_head_metrics={"eval_loss": 0.41234, "eval_mae_accepted": 0.5},
+        length_head_metrics_source="held-out split")
+    assert listing(folder) == DRAFTER_FILES | HEAD_FILES | {
+        f"adapters/{n}/{f}" for n in ("code", "math") for f in ("adapter_config.json", "adapter_model.safetensors")}
+    assert json.loads((folder / "bench.json").read_text()) == BENCH
+    assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModel"] == \
+        "modeling_adaflash_drafter.AdaFlashDrafterModel"
+    assert TargetCostModel.load(folder / "length_head" / "cost_model.json").points == COST.points
+
+    card = (folder / "README.md").read_text()
+    assert f"base_model: {TARGET}" in card and "library_name: adaflash_hf" in card
+    for row in ("| overall | 3.14 | 1.23x | 7/8 |", "| code | 4.06 | 1.56x | 4/4 |", "| math | 2.22 | 0.91x | 3/4 |"):
+        assert row in card
+    assert "on 8 held-out prompts, 64 new tokens, float32, batch size 1, 2 CPU threads" in card
+    assert "Training: KL distillation, 3 epochs. 3000 target responses." in card
+    assert "Command: `adaflash-hf bench --max-new-tokens 64 --dtype float32 --threads 2 --json bench.json`" in card
+    assert "Everything lives in this one repository, each part in its own subfolder" in card
+    for path in ("`length_head/`", "`adapters/code/`", "`adapters/math/`", "`bench.json`"):
+        assert f"| {path} |" in card
+    assert 'subfolder="length_head"' in card and "length_head/cost_model.json" in card
+
+    head_card = (folder / "length_head" / "README.md").read_text()
+    assert f"[`{REPO}`](https://huggingface.co/{REPO})" in head_card
+    assert "| 1 | 1: 0.0500 s, 4: 0.0731 s |" in head_card and "on a test box" in head_card
+    assert "| eval_loss | 0.4123 |" in head_card and "held-out split" in head_card
+    assert f"{sum(p.numel() for p in head.parameters()):,} parameters" in head_card
+
+
+def test_push_drafter_stages_then_calls_the_api(tmp_path, drafter, head):
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(json.dumps(BENCH))
+    drafter.attach_length_head(head, COST)  # the attached head is pushed by default
+    api = FakeApi()
+    result = push_drafter(drafter, REPO, bench_file, private=True, token="hf_x", api=api,
+                          training_method="KL distillation")
+    assert result == "commit-url"
+    assert api.calls == [
+        ("create_repo", REPO, {"repo_type": "model", "private": True, "exist_ok": True, "token": "hf_x"}),
+        ("upload_folder", REPO, {"repo_type": "model", "commit_message": "Upload AdaFlash drafter", "token": "hf_x"}),
+    ]
+    assert set(api.files) == DRAFTER_FILES | HEAD_FILES
+    assert b"| overall | 3.14 | 1.23x | 7/8 |" in api.files["README.md"]
+
+
+def test_drafter_only_card_and_bench_validation(tmp_path, drafter):
+    folder = stage_drafter_repo(drafter, tmp_path / "r", BENCH, repo_id=REPO, target_model="me/target")
+    assert listing(folder) == DRAFTER_FILES
+    card = (folder / "README.md").read_text()
+    assert "base_model: me/target" in card and "length_head" not in card
+    # The original call (no layout, no head) still renders.
+    plain = str(render_drafter_card(drafter, BENCH, target_model=TARGET, repo_id=REPO, training_method="m",
+                                    training_data="d", bench_command="adaflash-hf bench"))
+    assert "| overall | 3.14 | 1.23x | 7/8 |" in plain and "Files in this repository" not in plain
+    with pytest.raises(ValueError, match="missing 'overall'"):
+        load_bench_summary({"domains": {}})
+    with pytest.raises(ValueError, match=r"lacks the measured \['speedup'\]"):
+        load_bench_summary({"overall": {"tau": 1.0, "identical": 1, "total": 1}, "domains": {}})
+    assert target_model_from_bench(BENCH) == TARGET
+    with pytest.raises(ValueError, match="pass target_model"):
+        target_model_from_bench({"config": {"target": "/some/local/folder"}})
+
+
+def test_pickle_adapters_are_not_uploaded(tmp_path, drafter):
+    (tmp_path / "ad").mkdir()
+    (tmp_path / "ad" / "adapter_model.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="pickle-based adapter weights"):
+        stage_drafter_repo(drafter, tmp_path / "r", BENCH, repo_id=REPO, adapter_dir=tmp_path / "ad")
+
+
+def test_push_training_data_with_a_dataset_card(tmp_path):
+    import datasets
+    import pyarrow.parquet as pq
+
+    data = datasets.Dataset.from_dict({
+        "input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]], "prompt_len": [1, 1, 2], "domain": ["code", "math", "code"],
+        "hidden_states": [[[0.5] * 4] * 3, [[0.1] * 4] * 2, [[0.2] * 4] * 4],
+    })
+    api = FakeApi()
+    push_training_data(data, "someone/data", target_model=TARGET, api=api, drafter_repo=REPO,
+                       target_layer_ids=[1, 3], description="Greedy responses to the testbed prompts.")
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+    assert api.calls[0][2]["repo_type"] == api.calls[1][2]["repo_type"] == "dataset"
+    assert set(api.files) == {"README.md", "data/train-00000-of-00001.parquet"}
+    card = api.files["README.md"].decode()
+    for text in ("| train | 3 |", "code: 2, math: 1", "`hidden_states` (list of list of float", "layers [1, 3]",
+                 f"[`{REPO}`]", "size_categories:", "path: data/train-*.parquet", "Greedy responses"):
+        assert text in card, text
+    staged = tmp_path / "t.parquet"
+    staged.write_bytes(api.files["data/train-00000-of-00001.parquet"])
+    assert pq.read_table(staged).num_rows == 3
+
+
+def _example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "push_to_hub.py"
+    spec = importlib.util.spec_from_file_location("push_to_hub_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_help_and_dry_run(tmp_path, drafter, head, capsys):
+    example = _example()
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--help"])
+    assert exit_info.value.code == 0 and "--dry-run" in capsys.readouterr().out
+    drafter.save_pretrained(tmp_path / "drafter")
+    head.save_pretrained(tmp_path / "head")
+    COST.save(tmp_path / "head" / "cost_model.json")
+    (tmp_path / "head" / "training_summary.json").write_text(json.dumps({"blocks": 120, "eval": {"eval_loss": 0.3}}))
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    assert example.main(["--drafter", str(tmp_path / "drafter"), "--repo-id", REPO, "--bench-json",
+                         str(tmp_path / "bench.json"), "--length-head", str(tmp_path / "head"),
+                         "--dry-run", str(tmp_path / "staged")]) == 0
+    assert listing(tmp_path / "staged") == DRAFTER_FILES | HEAD_FILES
+    head_card = (tmp_path / "staged" / "length_head" / "README.md").read_text()
+    assert "| eval_loss | 0.3000 |" in head_card and "120 blocks" in head_card
+    assert "nothing uploaded" in capsys.readouterr().out

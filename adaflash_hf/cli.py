@@ -37,6 +37,10 @@ def _bench_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--concurrency", default=None,
+                   help="e.g. 1,4,16,32: instead of the bs=1 methods, measure batched throughput at these levels "
+                        "(plain batched generate, fixed block, adaptive length head); JSON key 'concurrency'")
+    p.add_argument("--length-head", default=None, help="length head folder (with cost_model.json) for 'adaptive'")
 
 
 def _compare_parser(sub) -> None:
@@ -142,6 +146,20 @@ def run_bench(args) -> dict:
     records = _select(read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts(), args.max_prompts)
     dtype = getattr(torch, args.dtype)
     target, tokenizer, drafter = load_models(args.target, args.drafter, dtype)
+    if args.length_head:
+        from .generation.cost_model import TargetCostModel
+        from .models import AdaFlashLengthHead
+
+        head = AdaFlashLengthHead.from_pretrained(args.length_head, dtype=dtype).eval()
+        drafter.attach_length_head(head, TargetCostModel.load(Path(args.length_head) / "cost_model.json"))
+    if args.concurrency:
+        from .bench.concurrency import run_concurrency
+
+        levels = [int(x) for x in args.concurrency.split(",")]
+        result = run_concurrency(target, tokenizer, drafter, records, levels=levels,
+                                 max_new_tokens=args.max_new_tokens, raw=args.raw, progress=not args.quiet)
+        result["config"] = {"dtype": args.dtype, "threads": torch.get_num_threads(), "n_prompts": len(records)}
+        return result
     results = run_benchmark(target, tokenizer, drafter, records, methods=methods,
                             max_new_tokens=args.max_new_tokens, raw=args.raw, progress=not args.quiet)
     summary = summarize(results, block_size=drafter.config.block_size)
@@ -205,9 +223,16 @@ def main(argv=None) -> int:
         print_compare(result)
     else:
         result = run_bench(args)
-        print_bench(result)
+        if "concurrency" in result:
+            from .bench.concurrency import plot_concurrency, print_concurrency
+
+            print_concurrency(result)
+            plotter = plot_concurrency
+        else:
+            print_bench(result)
+            plotter = plot_bench
         if args.plot:
-            plot_bench(result, args.plot)
+            plotter(result, args.plot)
             print(f"wrote {args.plot}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -57,3 +57,26 @@ def test_bench_json_schema_and_accounting(tmp_path, capsys):
     assert "adaflash" in capsys.readouterr().out
     plot_bench(summary, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_concurrency_bench_schema_and_losslessness(tmp_path):
+    from adaflash_hf.bench.concurrency import plot_concurrency, print_concurrency, run_concurrency
+    from adaflash_hf.generation.cost_model import TargetCostModel
+    from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
+
+    target = make_tiny_target()
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=64, block_size=4, head_dim=8)).eval()
+    drafter.attach_length_head(head, TargetCostModel(points={1: {1: 0.01, 4: 0.012}, 4: {1: 0.02, 4: 0.03}}))
+    result = run_concurrency(target, CharTokenizer(), drafter, RECORDS, levels=(1, 4), max_new_tokens=8, raw=True,
+                             progress=False)
+    assert set(result["concurrency"]) == {"1", "4"}
+    for level in ("1", "4"):
+        assert set(result["concurrency"][level]) == {"plain_batched", "fixed_block", "adaptive"}
+        for method, detail in result["detail"][level].items():
+            assert detail["identical"] == detail["total"] == int(level), (level, method)
+    assert result["detail"]["4"]["fixed_block"]["verified_per_committed"] > 0
+    print_concurrency(result)
+    plot_concurrency(result, tmp_path / "c.png")
+    assert (tmp_path / "c.png").is_file()

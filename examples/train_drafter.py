@@ -96,7 +96,9 @@ def main():
     trainer = DrafterTrainer(
         drafter, config, target.get_input_embeddings(), target.get_output_embeddings(),
         train_dataset=split["train"], eval_dataset=split["test"],
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience)],
+        # Early stopping needs a tracked best metric: `--load_best_model_at_end true --metric_for_best_model tau_proxy`.
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience)]
+        if config.load_best_model_at_end else None,
     )
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     metrics = trainer.evaluate()

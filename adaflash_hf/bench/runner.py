@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ..generation.candidate_generator import SpeculationStats
 from ..training.data import encode_prompt
 
 
@@ -189,13 +190,10 @@ def summarize(results: list[Measurement], block_size: int | None = None) -> dict
         }
         rounds = sum(len(m.accepted) for m in ms)
         if rounds:
-            drafted = [d for m in ms for d in m.drafted]
-            accepted = [a for m in ms for a in m.accepted]
-            positions = block_size - 1 if block_size else max(drafted)
-            out["acceptance_by_position"] = [
-                sum(1 for a, d in zip(accepted, drafted) if d >= k and a >= k) / max(sum(1 for d in drafted if d >= k), 1)
-                for k in range(1, positions + 1)
-            ]
+            pooled = SpeculationStats(drafted=[d for m in ms for d in m.drafted],
+                                      accepted=[a for m in ms for a in m.accepted])
+            positions = block_size - 1 if block_size else max(pooled.drafted)
+            out["acceptance_by_position"] = pooled.acceptance_by_position(positions)
             draft_s = sum(m.draft_seconds for m in ms)
             verify_s = sum(m.verify_seconds for m in ms)
             out["time_per_round_ms"] = {

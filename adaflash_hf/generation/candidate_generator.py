@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 
+from ..models.length_head import probability_features
 from .cost_model import best_length
 from .policy import ProposalPolicy
 
@@ -190,8 +191,6 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
 
     def _adaptive_length(self, head, states, logits, start) -> int:
         """Number of drafted tokens to verify, from the length head's survival and the target's cost model."""
-        from ..models.length_head import probability_features
-
         features = probability_features(logits) if head.config.num_prob_features else None
         survival = head(block_states=states.to(head.dtype), prob_features=features).survival[0]
         self.stats.survival.append(survival.tolist())
@@ -223,8 +222,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         """One drafter forward over the pending context + the block. Returns `[1, block_size, hidden]` states."""
         context = torch.cat(self._pending, dim=1) if len(self._pending) > 1 else self._pending[0]
         self._pending = []
-        num_new = context.shape[1]
-        self.cache.set_previous_accepted_tokens(num_new)
+        num_new = context.shape[1]  # the drafter's forward tells its DFlashCache how many context tokens come
         if self._block_in_cache:
             self.cache.crop(-self.block_size)  # drop the last drafted block's entries, keep the context
 

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv fetch clean
+.PHONY: demo test test-fast venv fetch report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: fetch
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+
+# Reruns the benches behind the claims and writes docs/results.md + docs/results_*.png (QUICK=1: ~15 min on 2 cores).
+report: fetch
+	$(PY) -m adaflash_hf.cli report $(if $(QUICK),--quick) --output-dir docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

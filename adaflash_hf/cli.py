@@ -1,5 +1,5 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""The `adaflash-hf` command line: `adaflash-hf bench ...`, `adaflash-hf compare ...`."""
+"""The `adaflash-hf` command line: `adaflash-hf bench ...`, `adaflash-hf compare ...`, `adaflash-hf report ...`."""
 
 import argparse
 import json
@@ -212,12 +212,32 @@ def plot_bench(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
+def _report_parser(sub) -> None:
+    from .bench.report import add_report_arguments
+
+    p = sub.add_parser("report", help="rerun the benches behind the claims and write docs/results.md + plots",
+                       description="Runs sections (a) OPD vs offline drafter, (b) fixed block vs length head at "
+                                   "concurrency, (c) online drafter updates on a domain-shift stream, (d) plain vs "
+                                   "speculative at bs=1, with fixed seeds, and writes OUTPUT_DIR/results.md with "
+                                   "one table, a computed verdict and a PNG per section.")
+    add_report_arguments(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaflash-hf", description="AdaFlash speculative decoding tools")
     sub = parser.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _compare_parser(sub)
-    args = parser.parse_args(argv)
+    _report_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "report":
+        from .bench.report import main_report
+
+        return main_report(args)
     if args.command == "compare":
         result = run_compare(args)
         print_compare(result)

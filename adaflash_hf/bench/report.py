@@ -1,0 +1,514 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""`adaflash-hf report`: one command that reruns the benches behind the seeds' claims and writes `docs/results.md`.
+
+Four sections, each a table saying which claim it tests and whether it held on the testbed (the verdict is
+computed from the measured numbers by the `verdict_*` functions below, never written by hand):
+
+  (a) AdaFlash (i)  offline-only drafter vs OPD drafter: mean tau and cross-domain std of tau (`run_compare`);
+  (b) AdaFlash (ii) fixed block vs length head at several concurrency levels (`run_concurrency`);
+  (c) OnlineSpec    static vs online drafter updates on a domain-shift stream (`bench/online.run_online_bench`);
+  (d) plain vs speculative decoding at batch size 1: speed-up and tau per domain (`run_benchmark`).
+
+A section whose checkpoint or bench is missing says "not available" and why; a section that fails says so with
+the error, and the other sections still run. Running the benches (`run_report`) and writing the report
+(`write_report`, pure: section dicts in, markdown + PNGs out) are separate, so the writer is tested on synthetic
+numbers.
+"""
+
+import argparse
+import datetime
+import importlib
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+SECTIONS = ("a", "b", "c", "d")
+OPD_DRAFTER = "smollm2-135m-instruct-drafter-opd"
+LENGTH_HEAD = "smollm2-135m-instruct-length-head"
+STD_REDUCTION = 0.30  # claim (i): OPD's cross-domain std of tau at least 30% lower ...
+ONLINE_ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
+
+# Per-section settings; quick mode must finish within 15 minutes on 2 CPU cores.
+SETTINGS = {
+    "quick": {"a": {"max_prompts": 1, "max_new_tokens": 32},
+              "b": {"levels": [1, 4], "max_new_tokens": 16},
+              "c": {},
+              "d": {"max_prompts": 1, "max_new_tokens": 32}},
+    "full": {"a": {"max_prompts": 3, "max_new_tokens": 128},
+             "b": {"levels": [1, 4, 16, 32], "max_new_tokens": 48},
+             "c": {},
+             "d": {"max_prompts": 3, "max_new_tokens": 128}},
+}
+BENCH_D_METHODS = ("plain", "prompt_lookup", "drafter_only", "adaflash")
+
+TITLES = {
+    "a": "(a) AdaFlash claim (i): on-policy distillation evens out acceptance across domains",
+    "b": "(b) AdaFlash claim (ii): the adaptive length head under concurrency",
+    "c": "(c) OnlineSpec: online drafter updates on a domain-shift stream",
+    "d": "(d) Plain vs speculative decoding at batch size 1",
+}
+CLAIMS = {
+    "a": f"The OPD drafter (reverse-KL on-policy distillation) has a cross-domain std of tau at least "
+         f"{STD_REDUCTION:.0%} lower than the offline-only drafter, at a mean tau at least as high.",
+    "b": "With the length head choosing how many drafted tokens to verify, fewer tokens are verified per committed "
+         "token and throughput is higher than verifying the fixed block, at every concurrency level.",
+    "c": "An online algorithm (OGD, optimistic or ensemble) reaches a higher tau than the static drafter on a "
+         "stream whose domain shifts.",
+    "d": "Speculative decoding with the shipped drafter (our default hybrid generate path, `adaflash`) is faster "
+         "than plain greedy decoding at batch size 1, with outputs identical to plain greedy (fp32).",
+}
+
+
+# ----------------------------------------------------------------------------------------------------- verdicts
+def verdict_a(data: dict) -> tuple[str, str]:
+    """Claim (i) from `run_compare` output with drafters labelled "offline" and "opd"."""
+    off, opd = data["drafters"]["offline"], data["drafters"]["opd"]
+    reduction = 1.0 - opd["tau_std"] / off["tau_std"] if off["tau_std"] > 0 else (0.0 if opd["tau_std"] > 0 else 1.0)
+    std_ok = reduction >= STD_REDUCTION - 1e-12
+    mean_ok = opd["tau_mean"] >= off["tau_mean"] - 1e-12
+    why = (f"std of tau {off['tau_std']:.3f} (offline) -> {opd['tau_std']:.3f} (OPD), {reduction:+.0%} reduction "
+           f"(needs >= {STD_REDUCTION:.0%}: {'yes' if std_ok else 'no'}); mean tau {off['tau_mean']:.2f} -> "
+           f"{opd['tau_mean']:.2f} (needs OPD >= offline: {'yes' if mean_ok else 'no'})")
+    return ("held" if std_ok and mean_ok else "did not hold"), why
+
+
+def verdict_b(data: dict) -> tuple[str, str]:
+    """Claim (ii) from `run_concurrency` output with an "adaptive" method."""
+    if "adaptive" not in data.get("methods", []):
+        return "not tested", "no adaptive (length head) measurements"
+    fewer, faster, parts = [], [], []
+    for level, methods in data["detail"].items():
+        fix, ada = methods["fixed_block"], methods["adaptive"]
+        fewer.append(ada["verified_per_committed"] < fix["verified_per_committed"])
+        faster.append(ada["tokens_per_s"] > fix["tokens_per_s"])
+        parts.append(f"c={level}: {fix['tokens_per_s']:.1f} -> {ada['tokens_per_s']:.1f} tok/s, "
+                     f"verified/committed {fix['verified_per_committed']:.2f} -> {ada['verified_per_committed']:.2f}")
+    top = max(data["detail"], key=int)
+    vs_plain = data["detail"][top]["adaptive"]["tokens_per_s"] / max(data["detail"][top]["plain_batched"]["tokens_per_s"], 1e-9)
+    why = (f"fixed -> adaptive: {'; '.join(parts)}. Fewer verified tokens at {sum(fewer)}/{len(fewer)} levels, "
+           f"higher throughput at {sum(faster)}/{len(faster)}. Adaptive vs plain batched at c={top}: {vs_plain:.2f}x")
+    return ("held" if all(fewer) and all(faster) else "did not hold"), why
+
+
+def verdict_c(data: dict) -> tuple[str, str]:
+    """OnlineSpec claim from `run_online_bench` output."""
+    algos = data["algorithms"]
+    if "static" not in algos:
+        return "not tested", "no static baseline"
+    online = {k: v for k, v in algos.items() if k != "static"}
+    if not online:
+        return "not tested", "no online algorithm measured"
+    best = max(online, key=lambda k: online[k]["tau"])
+    static = algos["static"]["tau"]
+    why = (f"static tau {static:.3f}; best online: {best} {online[best]['tau']:.3f} "
+           f"({online[best]['tau'] / max(static, 1e-9) - 1:+.1%}); "
+           + ", ".join(f"{k} {v['tau']:.3f}" for k, v in online.items()))
+    return ("held" if online[best]["tau"] > static else "did not hold"), why
+
+
+def verdict_d(data: dict) -> tuple[str, str]:
+    """Speed-up claim from `summarize` output (needs "plain" and "adaflash")."""
+    ours = data["methods"]["adaflash"]["overall"]
+    lossless = ours["identical"] == ours["total"]
+    faster = ours["speedup"] > 1.0
+    extra = ""
+    if "drafter_only" in data["methods"]:
+        d = data["methods"]["drafter_only"]["overall"]
+        extra = f"; drafter alone {d['speedup']:.2f}x (tau {d['tau']:.2f})"
+    why = (f"adaflash {ours['speedup']:.2f}x over plain greedy (tau {ours['tau']:.2f}), identical "
+           f"{ours['identical']}/{ours['total']}{extra}")
+    return ("held" if faster and lossless else "did not hold"), why
+
+
+VERDICTS = {"a": verdict_a, "b": verdict_b, "c": verdict_c, "d": verdict_d}
+
+
+# ------------------------------------------------------------------------------------------------------ tables
+def _table(headers, rows) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _fmt(x, spec=".2f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def table_a(data: dict) -> list[str]:
+    drafters = data["drafters"]
+    domains = list(next(iter(drafters.values()))["tau_by_domain"])
+    rows = [[label] + [f"{row['tau_by_domain'][d]:.2f}" for d in domains]
+            + [f"{row['tau_mean']:.2f}", f"{row['tau_std']:.3f}", f"{row['identical']}/{row['total']}"]
+            for label, row in drafters.items()]
+    return _table(["drafter", *[f"tau {d}" for d in domains], "mean tau", "std of tau", "identical"], rows)
+
+
+def table_b(data: dict) -> list[str]:
+    methods = data["methods"]
+    spec = [m for m in methods if m != "plain_batched"]
+    headers = (["concurrency"] + [f"{m} tok/s" for m in methods] + [f"{m} tau" for m in spec]
+               + [f"{m} verified/committed" for m in spec] + ["identical"])
+    rows = []
+    for level, det in data["detail"].items():
+        same = sum(det[m]["identical"] for m in methods)
+        rows.append([level] + [f"{det[m]['tokens_per_s']:.1f}" for m in methods]
+                    + [_fmt(det[m].get("tau")) for m in spec] + [_fmt(det[m].get("verified_per_committed")) for m in spec]
+                    + [f"{same}/{sum(det[m]['total'] for m in methods)}"])
+    return _table(headers, rows)
+
+
+def table_c(data: dict) -> list[str]:
+    rows = [[name, f"{a['tau']:.3f}", _fmt(a.get("regret"), ".3f"), _fmt(a.get("cumulative_loss"), ".3f"),
+             _fmt(a.get("hindsight_loss"), ".3f"), _fmt(a.get("overhead_ms_per_round"), ".2f"),
+             _fmt(a.get("tokens_per_s"), ".1f"), f"{a.get('identical', '-')}/{a.get('total', '-')}"]
+            for name, a in data["algorithms"].items()]
+    return _table(["algorithm", "tau", "regret", "cumulative loss", "hindsight loss", "overhead ms/round", "tok/s",
+                   "identical"], rows)
+
+
+def table_d(data: dict) -> list[str]:
+    domains = list(data["domains"])
+    rows = []
+    for method, m in data["methods"].items():
+        o = m["overall"]
+        rows.append([method, f"{o['tokens_per_s']:.1f}", f"{o['speedup']:.2f}x", f"{o['tau']:.2f}"]
+                    + [f"{m['domains'][d]['speedup']:.2f}x / {m['domains'][d]['tau']:.2f}" for d in domains]
+                    + [f"{o['identical']}/{o['total']}"])
+    return _table(["method", "tok/s", "speed-up", "tau", *[f"{d} speed-up / tau" for d in domains], "identical"], rows)
+
+
+TABLES = {"a": table_a, "b": table_b, "c": table_c, "d": table_d}
+
+
+# ------------------------------------------------------------------------------------------------------- plots
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_a(data: dict, path: Path) -> None:
+    plt = _pyplot()
+    drafters = data["drafters"]
+    domains = list(next(iter(drafters.values()))["tau_by_domain"])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(drafters)
+    for i, (label, row) in enumerate(drafters.items()):
+        ax.bar([g + i * width for g in range(len(domains))], [row["tau_by_domain"][d] for d in domains], width,
+               label=f"{label} (std {row['tau_std']:.3f})")
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(domains))], domains)
+    ax.set_ylabel("tau (tokens / verification)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_b(data: dict, path: Path) -> None:
+    plt = _pyplot()
+    levels = list(data["detail"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for i, method in enumerate(data["methods"]):
+        style = {"marker": "o", "label": method, "color": f"C{i}"}
+        ax1.plot([int(x) for x in levels], [data["detail"][x][method]["tokens_per_s"] for x in levels], **style)
+        if method != "plain_batched":
+            ax2.plot([int(x) for x in levels], [data["detail"][x][method]["verified_per_committed"] for x in levels],
+                     **style)
+    for ax, label in ((ax1, "output tokens / s"), (ax2, "verified / committed tokens")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_c(data: dict, path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, a in data["algorithms"].items():
+        series = a.get("tau_over_time") or []
+        ax.plot(range(1, len(series) + 1), series, marker=".", label=f"{name} (tau {a['tau']:.2f})")
+    domains = data.get("stream", {}).get("domains")
+    ax.set_xlabel("window of the stream" + (f" (domains: {' -> '.join(domains)})" if domains else ""))
+    ax.set_ylabel("tau")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_d(data: dict, path: Path) -> None:
+    from ..cli import plot_bench
+
+    plot_bench(data, path)
+    _pyplot().close("all")
+
+
+PLOTS = {"a": (plot_a, "results_a_opd.png"), "b": (plot_b, "results_b_concurrency.png"),
+         "c": (plot_c, "results_c_online.png"), "d": (plot_d, "results_d_speedup.png")}
+
+
+# ------------------------------------------------------------------------------------------------------ writer
+def _setup_line(key: str, section: dict) -> str:
+    cfg = section.get("config") or {}
+    return "Setup: " + ", ".join(f"{k} = {v}" for k, v in cfg.items()) + "." if cfg else ""
+
+
+def render_section(key: str, section: dict, output_dir: Path) -> tuple[list[str], str, str]:
+    """Markdown lines of one section, its verdict and the verdict's explanation; writes its PNG if measured."""
+    status = section.get("status")
+    lines = [f"## {TITLES[key]}", "", f"Claim tested: {CLAIMS[key]}", ""]
+    if status != "ok":
+        verdict = {"not_available": "not available", "error": "failed", "skipped": "not run"}.get(status, status)
+        why = section.get("reason", "")
+        lines += [f"**Verdict: {verdict}** ({why})", ""]
+        return lines, verdict, why
+    data = section["data"]
+    verdict, why = VERDICTS[key](data)
+    setup = _setup_line(key, section)
+    lines += ([setup, ""] if setup else []) + TABLES[key](data) + ["", f"**Verdict: {verdict}.** {why}.", ""]
+    if section.get("note"):
+        lines += [section["note"], ""]
+    plot, name = PLOTS[key]
+    try:
+        plot(data, output_dir / name)
+        lines += [f"![{TITLES[key]}]({name})", ""]
+    except Exception as err:  # a plot must not lose the numbers
+        lines += [f"(plot failed: {type(err).__name__}: {err})", ""]
+    lines += [f"Section wall time: {section.get('seconds', 0.0):.0f} s.", ""]
+    return lines, verdict, why
+
+
+def write_report(sections: dict, header: dict, output_dir) -> Path:
+    """Write `results.md` (and one PNG per measured section) into `output_dir`; returns the markdown path."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    body, summary = [], []
+    for key in SECTIONS:
+        section = sections.get(key) or {"status": "skipped", "reason": "not selected with --sections"}
+        lines, verdict, why = render_section(key, section, output_dir)
+        body += lines
+        summary.append([TITLES[key].split(" ", 1)[0], CLAIMS[key], f"**{verdict}**",
+                        f"{section.get('seconds', 0.0):.0f} s"])
+    mode = "quick" if header.get("quick") else "full"
+    head = [
+        "# Results on the testbed",
+        "",
+        f"Generated by `{header.get('command', 'adaflash-hf report')}` ({mode} mode); regenerate with `make report` "
+        "(full) or `make report QUICK=1`. Do not edit by hand: every number and verdict below is computed.",
+        "",
+        *_table(["item", "value"], [[k, v] for k, v in [
+            ("command", f"`{header.get('command', '')}`"), ("date (UTC)", header.get("date", "")),
+            ("machine", header.get("machine", "")), ("torch", header.get("torch", "")),
+            ("transformers", header.get("transformers", "")), ("seed", header.get("seed", "")),
+            ("git commit", header.get("commit", "")),
+            ("total wall time", f"{header.get('seconds', 0.0):.0f} s")]]),
+        "",
+    ]
+    if header.get("quick"):
+        head += ["**Quick mode**: one prompt per domain and short generations; the verdicts rest on very few "
+                 "samples and are indicative only. Run `make report` for the full numbers.", ""]
+    head += ["## Summary", "", *_table(["section", "claim", "verdict", "wall time"], summary), ""]
+    path = output_dir / "results.md"
+    path.write_text("\n".join(head + body).rstrip() + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------- running
+def _not_available(reason: str) -> dict:
+    return {"status": "not_available", "reason": reason}
+
+
+class _Models:
+    """Testbed target + tokenizer + shipped drafter, loaded once and shared by sections (b)-(d)."""
+
+    def __init__(self):
+        self._models = None
+
+    def get(self):
+        if self._models is None:
+            import torch
+
+            from ..cli import load_models
+
+            self._models = load_models(None, None, torch.float32)
+        return self._models
+
+
+def _records(max_prompts):
+    from ..cli import _select
+    from ..testbed import default_eval_prompts
+
+    return _select(default_eval_prompts(), max_prompts)
+
+
+def section_a(args, cfg, models) -> dict:
+    from ..checkpoints import HERE, default_drafter_dir
+    from ..cli import run_compare
+
+    offline = default_drafter_dir()
+    opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
+    if offline is None:
+        return _not_available("no shipped offline drafter (adaflash_hf/checkpoints)")
+    if not (opd / "config.json").is_file():
+        return _not_available(f"no OPD drafter at {opd} (no config.json): train one with examples/train_opd.py "
+                              "and commit it there, or pass --opd-drafter PATH")
+    ns = argparse.Namespace(drafters=f"{offline},{opd}", labels="offline,opd", prompts=None, dtype="float32",
+                            quiet=True, **cfg)
+    return {"status": "ok", "data": run_compare(ns),
+            "config": {"offline drafter": offline.name, "OPD drafter": str(opd), "prompts per domain": cfg["max_prompts"],
+                       "max new tokens": cfg["max_new_tokens"], "dtype": "float32",
+                       "decoding": "greedy, drafter alone (no lookup, no fallback)"}}
+
+
+def section_b(args, cfg, models) -> dict:
+    from ..checkpoints import HERE
+
+    head_dir = Path(args.length_head) if args.length_head else HERE / LENGTH_HEAD
+    if not (head_dir / "config.json").is_file() or not (head_dir / "cost_model.json").is_file():
+        return _not_available(f"no length head at {head_dir} (needs config.json and cost_model.json): train one "
+                              "with examples/train_length_head.py and commit it there, or pass --length-head PATH")
+    import torch
+
+    from ..generation.cost_model import TargetCostModel
+    from ..models import AdaFlashLengthHead
+    from .concurrency import run_concurrency
+
+    target, tokenizer, drafter = models.get()
+    head = AdaFlashLengthHead.from_pretrained(head_dir, dtype=torch.float32).eval()
+    cost = TargetCostModel.load(head_dir / "cost_model.json")
+    records = _records(None)
+    data = run_concurrency(target, tokenizer, drafter, records, levels=cfg["levels"],
+                           max_new_tokens=cfg["max_new_tokens"], length_head=head, cost_model=cost, progress=False)
+    return {"status": "ok", "data": data,
+            "config": {"levels": ",".join(map(str, cfg["levels"])), "max new tokens": cfg["max_new_tokens"],
+                       "prompts": "first c held-out prompts", "dtype": "float32", "length head": str(head_dir)}}
+
+
+def section_c(args, cfg, models) -> dict:
+    try:
+        online = importlib.import_module("adaflash_hf.bench.online")
+    except ImportError as err:
+        return _not_available(f"not available yet: adaflash_hf.bench.online cannot be imported ({err})")
+    run = getattr(online, "run_online_bench", None)
+    if run is None:
+        return _not_available("not available yet: adaflash_hf.bench.online has no run_online_bench")
+    target, tokenizer, drafter = models.get()
+    extra = {"progress": False} if "progress" in inspect.signature(run).parameters else {}
+    data = run(target, tokenizer, drafter, algorithms=ONLINE_ALGORITHMS, quick=args.quick, seed=args.seed, **extra)
+    stream = data.get("stream", {})
+    return {"status": "ok", "data": data,
+            "config": {"stream domains": " -> ".join(stream.get("domains", [])) or "-",
+                       "prompts": stream.get("prompts", "-"), "max new tokens": stream.get("max_new_tokens", "-")}}
+
+
+def section_d(args, cfg, models) -> dict:
+    from .runner import run_benchmark, summarize
+
+    target, tokenizer, drafter = models.get()
+    records = _records(cfg["max_prompts"])
+    measured = run_benchmark(target, tokenizer, drafter, records, methods=BENCH_D_METHODS,
+                             max_new_tokens=cfg["max_new_tokens"], progress=False)
+    data = summarize(measured, block_size=drafter.config.block_size)
+    data["config"] = {"dtype": "float32", "max_new_tokens": cfg["max_new_tokens"]}
+    return {"status": "ok", "data": data,
+            "config": {"prompts per domain": cfg["max_prompts"], "held-out prompts": len(records),
+                       "max new tokens": cfg["max_new_tokens"], "dtype": "float32", "decoding": "greedy",
+                       "methods": ", ".join(BENCH_D_METHODS) + " (interleaved prompt by prompt)"}}
+
+
+RUNNERS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d}
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "-"
+    except Exception:
+        return "-"
+
+
+def command_line(args) -> str:
+    parts = ["adaflash-hf report"] + (["--quick"] if args.quick else []) + ["--output-dir", str(args.output_dir)]
+    if tuple(args.sections) != SECTIONS:
+        parts += ["--sections", ",".join(args.sections)]
+    if args.seed:
+        parts += ["--seed", str(args.seed)]
+    return " ".join(parts)
+
+
+def run_report(args) -> tuple[dict, dict]:
+    """Run the selected sections with fixed seeds; returns (sections, header) for `write_report`."""
+    import torch
+    import transformers
+
+    settings = SETTINGS["quick" if args.quick else "full"]
+    models = _Models()
+    sections = {}
+    start = time.perf_counter()
+    for key in args.sections:
+        print(f"[report] section {key}: {TITLES[key]} ...", file=sys.stderr, flush=True)
+        transformers.set_seed(args.seed)
+        tic = time.perf_counter()
+        try:
+            section = RUNNERS[key](args, dict(settings[key]), models)
+        except Exception as err:
+            traceback.print_exc()
+            section = {"status": "error", "reason": f"{type(err).__name__}: {err}"}
+        section["seconds"] = time.perf_counter() - tic
+        sections[key] = section
+        print(f"[report] section {key}: {section['status']} in {section['seconds']:.0f} s", file=sys.stderr, flush=True)
+    header = {
+        "command": command_line(args), "quick": args.quick, "seed": args.seed, "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores, "
+                   f"torch threads {torch.get_num_threads()}, Python {platform.python_version()}",
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "seconds": time.perf_counter() - start,
+    }
+    return sections, header
+
+
+# --------------------------------------------------------------------------------------------------------- CLI
+def _sections_arg(text: str) -> tuple[str, ...]:
+    keys = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    bad = [k for k in keys if k not in SECTIONS]
+    if bad or not keys:
+        raise argparse.ArgumentTypeError(f"sections must be a comma-separated subset of {','.join(SECTIONS)}")
+    return tuple(k for k in SECTIONS if k in keys)
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="one prompt per domain, short generations, concurrency 1 and 4 (within 15 min on 2 cores)")
+    p.add_argument("--output-dir", type=Path, default=Path("docs"), help="where results.md and the PNGs go")
+    p.add_argument("--sections", type=_sections_arg, default=SECTIONS, help="subset of a,b,c,d (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--opd-drafter", default=None, help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+    p.add_argument("--length-head", default=None,
+                   help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
+    p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")
+
+
+def main_report(args) -> int:
+    sections, header = run_report(args)
+    path = write_report(sections, header, args.output_dir)
+    print(f"wrote {path} in {header['seconds']:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"header": header, "sections": sections}, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return 1 if any(s["status"] == "error" for s in sections.values()) else 0

@@ -5,12 +5,12 @@ Cards carry MEASURED numbers only: the per-domain rows come from an `adaflash-hf
 
 One model repository holds everything that belongs to a drafter, each part in its own subfolder:
 
-    README.md                      drafter card (from `model_cards/drafter.md`, numbers from bench.json)
+    README.md                      drafter card (from `adaflash_hf/model_cards/drafter.md`, numbers from bench.json)
     config.json, model.safetensors drafter (`AdaFlashDrafterModel`), with `auto_map` and its two code files,
     *_adaflash_drafter.py            so it loads with `trust_remote_code=True` where adaflash_hf is absent
     bench.json                     the bench summary the card's table is rendered from
     length_head/                   `AdaFlashLengthHead` (safetensors, `auto_map`), README.md from
-                                     `model_cards/length_head.md`, cost_model.json (the target's measured costs)
+                                     `adaflash_hf/model_cards/length_head.md`, cost_model.json (the target's costs)
     adapters/<name>/               online adapters, copied as given (safetensors / json / text only)
 
 `push_drafter` stages that folder locally and uploads it with `HfApi.create_repo` + `upload_folder`;
@@ -21,24 +21,29 @@ import json
 import shutil
 import tempfile
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 
 from huggingface_hub import DatasetCard, DatasetCardData, HfApi, ModelCard, ModelCardData
 
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "model_cards"
-_PACKAGED_TEMPLATES = Path(__file__).resolve().parent / "model_cards"
+# The templates are package data (`adaflash_hf/model_cards/*.md`, shipped in the wheel); the repository root's
+# `model_cards` is a link to that folder, kept for older references.
+TEMPLATES = resources.files("adaflash_hf") / "model_cards"
 _TAGS = ["speculative-decoding", "dflash", "adaflash"]
 _ADAPTER_SUFFIXES = {".safetensors", ".json", ".md", ".txt", ".model", ".yaml", ".yml"}
 
 
 def template_path(name: str) -> Path:
-    """Path of a card template (repo checkout first, then the copy packaged with the wheel)."""
-    for folder in (TEMPLATES, _PACKAGED_TEMPLATES):
-        path = folder / f"{name}.md"
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"model card template {name!r} not found in {TEMPLATES} or {_PACKAGED_TEMPLATES}")
+    """Path of the card template `name` (`drafter`, `length_head`, `training_data`), resolved through the package.
+
+    Works from a source checkout, an editable install and an installed wheel alike (`importlib.resources`).
+    """
+    path = TEMPLATES / f"{name}.md"
+    if not path.is_file():
+        available = sorted(p.name[:-3] for p in TEMPLATES.iterdir() if p.name.endswith(".md"))
+        raise FileNotFoundError(f"model card template {name!r} not found in {TEMPLATES} (available: {available})")
+    return Path(str(path))  # a real file: wheels install as plain folders (`ModelCard.from_template` needs a path)
 
 
 def load_bench_summary(bench_summary) -> dict:

@@ -2,6 +2,7 @@
 
     python examples/train_length_head.py --drafter outputs/drafter/final --output_dir outputs/length_head
     accelerate launch examples/train_length_head.py ...
+    python examples/train_length_head.py --target TARGET_DIR --train_prompts prompts.jsonl --drafter DRAFTER ...
 
 1. Real acceptance: the drafter drafts greedily at random anchors of the cached training sequences and the target
    verifies every block in one forward (greedy), giving accepted/rejected per drafted position.
@@ -13,6 +14,7 @@
 
 import json
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
+from adaflash_hf.testbed import cache_dir, load_prompts, read_prompts_jsonl
+from adaflash_hf.training import build_training_dataset
 from adaflash_hf.training.data import testbed_training_dataset
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 
@@ -31,8 +35,12 @@ from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_d
 @dataclass
 class ScriptArguments:
     drafter: str | None = field(default=None, metadata={"help": "drafter folder (default: shipped one)"})
+    target: str | None = field(default=None, metadata={"help": "target folder (default: the testbed model)"})
+    train_prompts: str | None = field(default=None, metadata={"help": "JSONL of training prompts (default: testbed)"})
     prompts_per_domain: int = field(default=300, metadata={"help": "training prompts per domain (cache hit)"})
     max_new_tokens: int = field(default=160, metadata={"help": "target response length of the training data"})
+    gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
+    gen_dtype: str = field(default="bfloat16", metadata={"help": "dtype used to generate responses"})
     num_sequences: int = field(default=400, metadata={"help": "sequences used to collect acceptance outcomes"})
     num_anchors: int = field(default=16, metadata={"help": "blocks per sequence"})
     head_dim: int = field(default=128, metadata={"help": "hidden width of the head"})
@@ -42,11 +50,21 @@ class ScriptArguments:
 def main():
     script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    target, tokenizer, drafter = load_models(None, script.drafter, torch.float32)  # testbed + drafter, checked
+    target, tokenizer, drafter = load_models(script.target, script.drafter, torch.float32)  # checked pair
     path = script.drafter or default_drafter_dir()
 
-    dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
-                                       script.max_new_tokens)
+    if script.train_prompts or script.target:  # same data (and cache entry) as train_drafter.py with these arguments
+        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
+            split="train", max_per_domain=script.prompts_per_domain)
+        random.Random(0).shuffle(records)
+        dataset = build_training_dataset(
+            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
+            target_name=script.target or "testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
+            gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
+    else:
+        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
+                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
+                                           script.gen_dtype)
     subset = dataset.shuffle(seed=1).select(range(min(script.num_sequences, len(dataset))))
     data = collect_length_data(drafter, target, subset, num_anchors=script.num_anchors)
     train, val = data.split(0.1)

@@ -3,6 +3,7 @@
     python examples/train_opd.py --init_drafter outputs/drafter/final --output_dir outputs/opd --max_steps 600
     python examples/train_opd.py ... --lmbda 0.5 --temperature 0.7 --alpha 0.1 --kl_clip 10
     accelerate launch examples/train_opd.py ...
+    python examples/train_opd.py --target TARGET_DIR --train_prompts prompts.jsonl --init_drafter DRAFTER ...
 
 Uses the same cached training data as `train_drafter.py` (same prompt and generation arguments give a cache hit).
 Evaluation reports `tau_proxy` per domain (`eval_<domain>_tau_proxy`) on the held-out split. The result is saved
@@ -11,6 +12,7 @@ to `output_dir/final`.
 
 import json
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,13 +22,16 @@ from transformers import HfArgumentParser
 import adaflash_hf  # noqa: F401
 from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
-from adaflash_hf.training import OPDConfig, OPDTrainer
+from adaflash_hf.testbed import cache_dir, load_prompts, read_prompts_jsonl
+from adaflash_hf.training import OPDConfig, OPDTrainer, build_training_dataset
 from adaflash_hf.training.data import testbed_training_dataset
 
 
 @dataclass
 class ScriptArguments:
     init_drafter: str | None = field(default=None, metadata={"help": "drafter to fine-tune (default: shipped one)"})
+    target: str | None = field(default=None, metadata={"help": "target folder (default: the testbed model)"})
+    train_prompts: str | None = field(default=None, metadata={"help": "JSONL of training prompts (default: testbed)"})
     prompts_per_domain: int = field(default=300, metadata={"help": "training prompts per domain (testbed)"})
     max_new_tokens: int = field(default=160, metadata={"help": "target response length of the training data"})
     gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
@@ -37,11 +42,21 @@ class ScriptArguments:
 def main():
     script, config = HfArgumentParser((ScriptArguments, OPDConfig)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    target, tokenizer, drafter = load_models(None, script.init_drafter, torch.float32)  # testbed + drafter, checked
+    target, tokenizer, drafter = load_models(script.target, script.init_drafter, torch.float32)  # checked pair
     path = script.init_drafter or default_drafter_dir()
 
-    dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids, script.prompts_per_domain,
-                                       script.max_new_tokens, script.gen_batch_size, script.gen_dtype)
+    if script.train_prompts or script.target:  # same data (and cache entry) as train_drafter.py with these arguments
+        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
+            split="train", max_per_domain=script.prompts_per_domain)
+        random.Random(0).shuffle(records)
+        dataset = build_training_dataset(
+            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
+            target_name=script.target or "testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
+            gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
+    else:
+        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
+                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
+                                           script.gen_dtype)
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
     by_domain = {d: split["test"].filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(split["test"]["domain"]))}
     trainer = OPDTrainer(drafter, config, target, train_dataset=split["train"], eval_dataset=by_domain)

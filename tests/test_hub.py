@@ -6,6 +6,7 @@ the folder being uploaded (the staging folder is temporary).
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,72 @@ def test_example_help_and_dry_run(tmp_path, drafter, head, capsys):
     head_card = (tmp_path / "staged" / "length_head" / "README.md").read_text()
     assert "| eval_loss | 0.3000 |" in head_card and "120 blocks" in head_card
     assert "nothing uploaded" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------- templates as package data
+TEMPLATE_NAMES = ("drafter", "length_head", "training_data")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_templates_resolve_through_the_package():
+    """The card templates are package data: `importlib.resources` finds them inside `adaflash_hf/model_cards/`."""
+    import importlib.resources
+
+    import adaflash_hf
+    from adaflash_hf.hub import template_path
+
+    package_dir = Path(adaflash_hf.__file__).resolve().parent
+    for name in TEMPLATE_NAMES:
+        path = template_path(name)
+        assert path.is_file() and path.resolve().parent == package_dir / "model_cards"
+        assert (importlib.resources.files("adaflash_hf") / "model_cards" / f"{name}.md").read_text() == path.read_text()
+    with pytest.raises(FileNotFoundError, match="available"):
+        template_path("no_such_card")
+    # The repository root's `model_cards` (a link, for older references) shows the same files.
+    root = REPO_ROOT / "model_cards"
+    if root.exists():
+        assert {p.name for p in root.glob("*.md")} == {f"{n}.md" for n in TEMPLATE_NAMES}
+
+
+def test_templates_ship_in_the_wheel(tmp_path):
+    """Build a non-editable wheel from a copy of the sources, install it by unpacking, render a card from it."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, src / name)
+    shutil.copytree(REPO_ROOT / "adaflash_hf", src / "adaflash_hf",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("adaflash_hf-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path / "site")
+    assert {f"adaflash_hf/model_cards/{n}.md" for n in TEMPLATE_NAMES} <= names
+    script = (
+        "import adaflash_hf, pathlib, sys\n"
+        "from adaflash_hf.hub import render_drafter_card, template_path\n"
+        "from adaflash_hf import AdaFlashDrafterConfig, AdaFlashDrafterModel\n"
+        "site = pathlib.Path(sys.argv[1]).resolve()\n"
+        "assert pathlib.Path(adaflash_hf.__file__).resolve().is_relative_to(site), adaflash_hf.__file__\n"
+        f"for name in {TEMPLATE_NAMES!r}:\n"
+        "    assert template_path(name).resolve().is_relative_to(site), template_path(name)\n"
+        "config = AdaFlashDrafterConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
+        "    num_attention_heads=4, num_key_value_heads=2, block_size=4, mask_token_id=49, target_layer_ids=[0, 2],\n"
+        "    num_target_layers=4)\n"
+        f"card = render_drafter_card(AdaFlashDrafterModel(config), {BENCH!r}, target_model={TARGET!r},\n"
+        f"    repo_id={REPO!r}, training_method='m', training_data='d', bench_command='adaflash-hf bench')\n"
+        "print(card.content)\n"
+    )
+    # Run outside the checkout, with only the unpacked wheel on the path ahead of site-packages.
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "site")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "3.14" in run.stdout and REPO.split("/")[-1] in run.stdout

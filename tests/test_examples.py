@@ -1,0 +1,197 @@
+"""The example scripts as a user runs them: `python examples/X.py --help`, `accelerate launch ... --help`, and real
+tiny runs (one training step each) of `train_drafter.py`, then `train_opd.py` and `train_length_head.py` on its
+drafter, under `accelerate launch --cpu --num_processes 1`.
+
+Everything runs in subprocesses (as on the command line), offline, on tiny random Llama targets saved to a folder
+with a character-level tokenizer; the testbed is not used. New scripts in `examples/` are picked up automatically.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import VOCAB, make_tiny_target
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted(p.name for p in (REPO_ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
+
+# The arguments a user reaches for first; `--help` must list them. Scripts not listed here (new ones) must still
+# print a usage line with at least one option.
+MAIN_ARGUMENTS = {
+    "data_curve.py": ["--sizes", "--max_steps", "--output_dir"],
+    "generate.py": ["--drafter", "--max-new-tokens", "--num-prompts", "--dtype"],
+    "push_to_hub.py": ["--drafter", "--repo-id", "--bench-json", "--length-head", "--adapters", "--dry-run"],
+    "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
+                         "--num_layers", "--init_drafter", "--resume_from_checkpoint"],
+    "train_length_head.py": ["--drafter", "--target", "--train_prompts", "--output_dir", "--num_sequences",
+                             "--max_steps"],
+    "train_opd.py": ["--init_drafter", "--target", "--train_prompts", "--output_dir", "--lmbda", "--temperature",
+                     "--kl_clip", "--max_steps"],
+}
+
+
+def _env(**extra) -> dict:
+    """Offline, one thread, no accelerate config of the machine's user (the CLI flags decide)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])), **extra}
+
+
+def _run(args, timeout=180, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=REPO_ROOT, env=_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def _accelerate(script: str, *args) -> list[str]:
+    """`accelerate launch --cpu --num_processes 1 examples/<script> ARGS` through this interpreter."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(REPO_ROOT / "examples" / script), *args]
+
+
+def _check_usage(script: str, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"{script} --help failed:\n{result.stderr[-3000:]}"
+    usage = result.stdout
+    assert "usage:" in usage and script in usage, usage[:500]
+    assert "--" in usage.split("usage:", 1)[1], usage[:500]
+    missing = [arg for arg in MAIN_ARGUMENTS.get(script, []) if arg not in usage]
+    assert not missing, f"{script} --help does not mention {missing}"
+
+
+def test_every_example_is_covered():
+    assert {"generate.py", "train_drafter.py", "train_opd.py", "train_length_head.py", "push_to_hub.py"} <= set(
+        EXAMPLES)
+
+
+@pytest.mark.parametrize("script", EXAMPLES)
+def test_help(script):
+    _check_usage(script, _run([sys.executable, str(REPO_ROOT / "examples" / script), "--help"]))
+
+
+@pytest.mark.parametrize("script", EXAMPLES)
+def test_help_under_accelerate_launch(script):
+    _check_usage(script, _run(_accelerate(script, "--help")))
+
+
+# ------------------------------------------------------------------------------------------ a real tiny run
+
+
+def save_tiny_target(folder: Path, seed: int = 0) -> Path:
+    """A tiny random Llama (the conftest one) with a character-level fast tokenizer, saved like a Hub model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<pad>", "<eos>"]
+    chars = [chr(c) for c in range(32, 32 + VOCAB - len(specials))]  # printable ASCII
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # one token per character
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                        eos_token="<eos>")
+    assert len(tokenizer) == VOCAB
+    make_tiny_target(seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_prompts(path: Path, n: int = 8) -> Path:
+    domains = ["chat", "code"]
+    path.write_text("".join(json.dumps({"prompt": f"tiny prompt {i}: say something about {domains[i % 2]}",
+                                        "domain": domains[i % 2]}) + "\n" for i in range(n)))
+    return path
+
+
+# Data arguments shared by the three training scripts: the same values give OPD / length head a cache hit on the
+# data train_drafter.py generated.
+DATA_ARGS = ["--max_new_tokens", "16", "--gen_batch_size", "8", "--gen_dtype", "float32"]
+ONE_STEP = ["--max_steps", "1", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """`accelerate launch --cpu --num_processes 1 examples/train_drafter.py --target DIR --train_prompts JSONL`: one
+    training step on a tiny random target; returns the folders and the finished process."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    paths = {"root": root, "target": save_tiny_target(root / "target"), "prompts": write_prompts(root / "p.jsonl"),
+             "cache": root / "cache", "drafter": root / "drafter"}
+    paths["result"] = _run(_accelerate(
+        "train_drafter.py", "--target", str(paths["target"]), "--train_prompts", str(paths["prompts"]),
+        "--output_dir", str(paths["drafter"]), *DATA_ARGS, *ONE_STEP, "--val_fraction", "0.25", "--num_layers", "1",
+        "--block_size", "4", "--num_context_layers", "2", "--num_anchors", "4", "--per_device_train_batch_size", "2",
+    ), timeout=300, ADAFLASH_HF_CACHE=str(paths["cache"]))
+    return paths
+
+
+def _cached_files(cache: Path) -> set[str]:
+    return {p.name for p in (cache / "datasets").iterdir()}
+
+
+def test_train_drafter_one_step_under_accelerate_launch(tiny_run):
+    """Generates the data, trains one step, evaluates and saves a drafter that loads and drafts for that target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaflash_hf import AdaFlashDrafterModel
+
+    assert tiny_run["result"].returncode == 0, tiny_run["result"].stderr[-4000:]
+    final = tiny_run["drafter"] / "final"
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["steps"] == 1 and summary["target"] == str(tiny_run["target"])
+    assert summary["train_sequences"] == 6 and summary["val_sequences"] == 2
+    assert summary["eval"]["eval_loss"] > 0 and 1.0 <= summary["eval"]["eval_tau_proxy"] <= 4.0
+    assert _cached_files(tiny_run["cache"])  # the data cache went where ADAFLASH_HF_CACHE says
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_run["target"], dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    drafter = AdaFlashDrafterModel.from_pretrained(final, dtype=torch.float32).eval()
+    drafter.check_compatible(target, tokenizer)
+    assert drafter.config.block_size == 4 and drafter.config.num_hidden_layers == 1
+    ids = tokenizer("tiny prompt", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+        spec = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    assert torch.equal(plain, spec)  # lossless with the freshly trained drafter
+
+
+def _data_args(tiny_run) -> list[str]:
+    return ["--target", str(tiny_run["target"]), "--train_prompts", str(tiny_run["prompts"]), *DATA_ARGS]
+
+
+def test_train_opd_one_step_under_accelerate_launch(tiny_run):
+    """OPD on the drafter trained above, reusing its cached data (no new cache entry)."""
+    assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
+    cached = _cached_files(tiny_run["cache"])
+    out = tiny_run["root"] / "opd"
+    result = _run(_accelerate(
+        "train_opd.py", "--init_drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run),
+        "--output_dir", str(out), *ONE_STEP, "--val_fraction", "0.25", "--num_anchors", "4",
+        "--per_device_train_batch_size", "2",
+    ), timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["steps"] == 1 and set(summary["tau_proxy_after"]) >= {"chat", "code"}
+    assert (out / "final" / "model.safetensors").is_file()
+    assert _cached_files(tiny_run["cache"]) == cached
+
+
+def test_train_length_head_one_step_under_accelerate_launch(tiny_run):
+    """Length head + cost model for the drafter trained above; the result loads as a length-head folder."""
+    from adaflash_hf.interop import load_length_head_folder
+
+    assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
+    cached = _cached_files(tiny_run["cache"])
+    out = tiny_run["root"] / "length_head"
+    result = _run(_accelerate(
+        "train_length_head.py", "--drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run),
+        "--output_dir", str(out), *ONE_STEP, "--num_sequences", "8", "--num_anchors", "4", "--head_dim", "8",
+        "--report_to", "none",
+    ), timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
+    assert result.returncode == 0, result.stderr[-4000:]
+    head, cost = load_length_head_folder(out / "final")
+    assert head.config.block_size == 4 and cost is not None and cost.points
+    assert json.loads((out / "final" / "training_summary.json").read_text())["blocks"] > 0
+    assert _cached_files(tiny_run["cache"]) == cached

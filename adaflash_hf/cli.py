@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _compare_parser(sub)
     _report_parser(sub)
+    from .bench.online import add_parser as _online_parser
+
+    _online_parser(sub)
     return parser
 
 
@@ -238,6 +241,11 @@ def main(argv=None) -> int:
         from .bench.report import main_report
 
         return main_report(args)
+    if args.command == "bench-online":
+        from .bench import online
+
+        online.main(args)
+        return 0
     if args.command == "compare":
         result = run_compare(args)
         print_compare(result)

@@ -16,6 +16,7 @@ greedy keeps the longest matching prefix and sampling applies transformers' `_sp
 rejection-sampling rule) to the candidate logits we return.
 """
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             policy = ProposalPolicy()
             assistant_model.proposal_policy = policy
         self.policy = policy
+        # OnlineSpec: an adapter attached to the drafter learns from every drafter round's verification.
+        self.online = getattr(assistant_model, "online_adapter", None)
+        self._window: torch.Tensor | None = None  # the last `context_window` context states, [1, W, F]
+        self._online_round: tuple | None = None  # (noise_embeds, context window, position_ids) of the last draft
+        self._deferred: tuple | None = None  # a round whose raw target logits arrive with the next model_outputs
 
     @torch.no_grad()
     def get_candidates(
@@ -145,6 +151,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if is_first_iteration:  # the loop's first forward is the target's prefill
             return input_ids, None
         self._collect_context(input_ids, model_outputs, n_last_matches)
+        if self._deferred is not None:  # logits processors were active: learn from the raw logits of last round
+            round_data, n, accepted = self._deferred
+            self._deferred = None
+            self._learn(round_data, model_outputs.logits[0, -(n + 1) : -1], accepted)
+        self._online_round = None
         budget = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
         if budget <= 0:  # the target still runs one forward for its own next token: a round with no draft
             return self._propose(input_ids, None, arm=None, start=now)
@@ -161,8 +172,15 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if arm == "none":
             return self._propose(input_ids, None, arm, now)
 
-        block_states = self._draft_block(input_ids, model_kwargs)
-        logits, vocab_ids = self._draft_logits(block_states[:, 1 : 1 + budget])
+        # A single online adapter learns from this very forward: it is recorded with gradients (exact: the cached
+        # context keys/values do not depend on the adapter), so learning costs one backward and no replay.
+        learn = self.online is not None and self.online.learns_from_draft
+        with torch.enable_grad() if learn else contextlib.nullcontext():
+            block_states = self._draft_block(input_ids, model_kwargs)
+            logits, vocab_ids = self._draft_logits(block_states[:, 1 : 1 + budget])
+        if self._online_round is not None:
+            self._online_round = (*self._online_round, logits if logits.requires_grad else None)
+            logits = logits.detach()
         head = getattr(self.assistant_model, "length_head", None)
         if head is not None:  # adaptive length: verify only what is likely to be accepted
             keep = self._adaptive_length(head, block_states[:, 1 : 1 + budget], logits, now)
@@ -217,6 +235,9 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.is_main_model_prefill = False
         context = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1)
         self._pending.append(context.to(device=self.device, dtype=self.drafter_dtype))
+        if self.online is not None:
+            window = self._pending[-1] if self._window is None else torch.cat([self._window, self._pending[-1]], 1)
+            self._window = window[:, -self.online.config.context_window :]
 
     def _draft_block(self, input_ids, model_kwargs) -> torch.Tensor:
         """One drafter forward over the pending context + the block. Returns `[1, block_size, hidden]` states."""
@@ -250,6 +271,14 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             cache=self.cache,
         )
         self._block_in_cache = True
+        if self.online is not None:  # what the learner needs to replay this draft with gradients
+            window = self._window
+            positions = torch.cat([last - window.shape[1] + 1 + torch.arange(window.shape[1], device=last.device),
+                                   position_ids[:, -self.block_size :]], dim=-1)
+            self._online_round = (noise_embeds, window, positions.to(self.device))
+            if torch.is_grad_enabled():  # the block's entries carry autograd history: keep it out of the cache
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
         return outputs.last_hidden_state
 
     def _select_tokens(self, input_ids, candidate_logits):
@@ -280,12 +309,30 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by the loop after each verification with the number of accepted drafted tokens."""
         if self._last_drafted is not None:
+            n = self._last_drafted
+            if self.online is not None and self._online_round is not None and n > 0:
+                if self.logits_processor is None or len(self.logits_processor) == 0:
+                    self._learn(self._online_round, scores[0, :n], int(num_matches))  # raw == processed here
+                else:  # `scores` are processed; the raw logits come with the next round's model outputs
+                    self._deferred = (self._online_round, n, int(num_matches))
+            self._online_round = None
             self.stats.drafted.append(self._last_drafted)
             self.stats.accepted.append(int(num_matches))
         else:  # the prefill round: nothing was drafted
             self.stats.proposers.clear()
         self._last_drafted = None
         self._last_accepted = int(num_matches)
+
+    def _learn(self, round_data: tuple, raw_logits: torch.Tensor, num_accepted: int) -> None:
+        """Hand one drafter round to the online adapter: its draft replay data and the target's raw logits `[n, V]`."""
+        from ..online import RoundFeedback  # lazy: online learning pulls in PEFT
+
+        noise_embeds, window, positions, draft_logits = round_data
+        n = raw_logits.shape[0]
+        feedback = RoundFeedback.from_round(self.assistant_model, noise_embeds, window, positions,
+                                            raw_logits.to(self.device), num_accepted,
+                                            draft_logits=None if draft_logits is None else draft_logits[0, :n])
+        self.online.observe(feedback, self.main_model_output_embeddings)
 
 
 __all__ = ["AdaFlashCandidateGenerator", "SpeculationStats"]

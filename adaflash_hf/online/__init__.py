@@ -1,0 +1,19 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""OnlineSpec: the drafter keeps learning from verification feedback while it serves (LoRA via PEFT)."""
+
+from .adapter import OnlineSpecAdapter, OnlineStats, RoundFeedback
+from .learners import Hedge, OnlineLearner
+from .online_config import OnlineSpecConfig
+from .regret import hindsight_loss, regret
+
+
+__all__ = [
+    "Hedge",
+    "OnlineLearner",
+    "OnlineSpecAdapter",
+    "OnlineSpecConfig",
+    "OnlineStats",
+    "RoundFeedback",
+    "hindsight_loss",
+    "regret",
+]

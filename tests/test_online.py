@@ -1,0 +1,301 @@
+"""OnlineSpec: update rules, Hedge, the LoRA adapter's learning, safety, persistence and its place in generate."""
+
+import math
+
+import pytest
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+from transformers.cache_utils import DFlashCache
+
+from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.online import (
+    Hedge,
+    OnlineLearner,
+    OnlineSpecAdapter,
+    OnlineSpecConfig,
+    RoundFeedback,
+    hindsight_loss,
+    regret,
+)
+
+from .conftest import ALWAYS_DRAFT, VOCAB, make_tiny_target
+
+
+def _drafter(target, seed=1, block_size=4, **overrides):
+    torch.manual_seed(seed)
+    return AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size,
+                                            **{**ALWAYS_DRAFT, **overrides}).eval()
+
+
+def _prompt(seed=0, length=8):
+    return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _feedback(drafter, target, seed=0, n=3, accepted=1, context_len=6):
+    """A synthetic round: random context states, the target's logits as feedback."""
+    g = torch.Generator().manual_seed(seed)
+    width = len(drafter.config.target_layer_ids) * target.config.hidden_size
+    ids = torch.randint(0, VOCAB, (1, drafter.config.block_size), generator=g)
+    embeds = target.get_input_embeddings()(ids)
+    positions = torch.arange(context_len + drafter.config.block_size)[None]
+    logits = torch.randn(n, VOCAB, generator=g) * 3
+    return RoundFeedback.from_round(drafter, embeds, torch.randn(1, context_len, width, generator=g), positions,
+                                    logits, accepted)
+
+
+# ------------------------------------------------------------------------------------------------ config, rules
+
+
+def test_config_rejects_bad_values_and_cache_breaking_modules():
+    with pytest.raises(ValueError, match="algorithm"):
+        OnlineSpecConfig(algorithm="sgd")
+    with pytest.raises(ValueError, match="k_proj"):
+        OnlineSpecConfig(target_modules=("q_proj", "k_proj"))
+    with pytest.raises(ValueError, match="at least two"):
+        OnlineSpecConfig(algorithm="ensemble", ensemble_lr_factors=(1.0,))
+    assert OnlineSpecConfig(algorithm="ensemble", ensemble_lr_factors=(0, 1, 2)).adapter_names == [
+        "online_0", "online_1", "online_2"]
+
+
+def test_ogd_sgd_and_optimistic_steps_match_hand_computation():
+    p = torch.tensor([1.0, -2.0])
+    OnlineLearner([p], "ogd", "sgd", lr=0.5).step([torch.tensor([2.0, 4.0])])
+    assert torch.allclose(p, torch.tensor([0.0, -4.0]))
+
+    q = torch.tensor([0.0])
+    learner = OnlineLearner([q], "optimistic", "sgd", lr=0.1)
+    learner.step([torch.tensor([1.0])])  # 0 - 0.1 * (2 * 1 - 0) = -0.2
+    assert torch.allclose(q, torch.tensor([-0.2]))
+    learner.step([torch.tensor([3.0])])  # -0.2 - 0.1 * (2 * 3 - 1) = -0.7
+    assert torch.allclose(q, torch.tensor([-0.7]))
+
+
+def test_adam_first_step_is_lr_times_sign_and_rollback_state_restores():
+    p = torch.tensor([1.0, 1.0])
+    learner = OnlineLearner([p], "ogd", "adam", lr=0.1)
+    saved = learner.state_dict()
+    learner.step([torch.tensor([5.0, -0.01])])
+    assert torch.allclose(p, torch.tensor([0.9, 1.1]), atol=1e-5)
+    learner.load_state_dict(saved)
+    assert torch.equal(p, torch.tensor([1.0, 1.0])) and learner.steps == 0 and learner.m[0].abs().sum() == 0
+
+
+def test_hedge_weights_follow_exponential_of_cumulative_loss():
+    hedge = Hedge(3, eta=0.5)
+    hedge.update([1.0, 2.0, 4.0])
+    hedge.update([1.0, 0.0, 0.0])
+    expected = torch.softmax(-0.5 * torch.tensor([2.0, 2.0, 4.0]), dim=0)
+    assert torch.allclose(torch.tensor(hedge.weights), expected)
+    assert hedge.leader in (0, 1)
+
+
+# ------------------------------------------------------------------------------------------------ the adapter
+
+
+def test_attach_leaves_base_weights_and_detach_restores_modules():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    trainable = {n: p.requires_grad for n, p in drafter.named_parameters()}
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    assert drafter.online_adapter is adapter
+    for seed in range(5):
+        adapter.observe(_feedback(drafter, target, seed=seed), target.lm_head)
+    assert adapter.stats.updates == 5
+    lora_b = [m.lora_B["online"].weight for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+    assert any(b.abs().sum() > 0 for b in lora_b)  # LoRA moved
+    assert {n for n, p in drafter.named_parameters() if p.requires_grad} == {
+        n for n, _ in drafter.named_parameters() if "lora_" in n}
+    adapter.detach()
+    after = drafter.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert {n: p.requires_grad for n, p in drafter.named_parameters()} == trainable
+    assert drafter.online_adapter is None
+
+
+def test_cache_stays_exact_after_an_update():
+    """LoRA is not on k/v/fc: context keys/values cached before an update equal the ones computed after it."""
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.2, optimizer="sgd"))
+    width = len(drafter.config.target_layer_ids) * target.config.hidden_size
+    context, block = torch.randn(1, 7, width), target.get_input_embeddings()(torch.randint(0, VOCAB, (1, 4)))
+    positions = torch.arange(11)[None]
+    cache = DFlashCache(config=drafter.config)
+    with torch.no_grad():
+        drafter(noise_embeds=block, context_hidden_states=context, position_ids=positions, cache=cache)
+        cache.crop(-4)  # keep the context only, as the candidate generator does
+    for seed in range(3):  # updates after the context was cached
+        adapter.observe(_feedback(drafter, target, seed=seed, accepted=2), target.lm_head)
+    with torch.no_grad():
+        cached = drafter(noise_embeds=block, context_hidden_states=None, position_ids=positions[:, 7:],
+                         cache=cache).last_hidden_state
+        fresh = drafter(noise_embeds=block, context_hidden_states=context, position_ids=positions).last_hidden_state
+    assert torch.allclose(cached, fresh, atol=1e-5)
+
+
+def test_loss_masks_positions_after_the_first_rejection():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter(drafter, OnlineSpecConfig(loss_decay_gamma=None))
+    fb = _feedback(drafter, target, n=3, accepted=0)
+    only_first = adapter.round_loss(fb, target.lm_head)
+    fb.target_tokens[1:] = (fb.target_tokens[1:] + 1) % VOCAB  # positions after the rejection: no effect
+    assert torch.allclose(adapter.round_loss(fb, target.lm_head), only_first)
+    fb.target_tokens[0] = (fb.target_tokens[0] + 1) % VOCAB
+    assert not torch.allclose(adapter.round_loss(fb, target.lm_head), only_first)
+
+
+@pytest.mark.parametrize("loss", ["ce", "reverse_kl"])
+@pytest.mark.parametrize("algorithm", ["ogd", "optimistic", "ensemble"])
+def test_repeated_feedback_lowers_the_loss(algorithm, loss):
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    config = OnlineSpecConfig(algorithm=algorithm, loss=loss, learning_rate=0.01, ensemble_base="optimistic",
+                              learn_after_rejection=True, rollback_window=1000)
+    adapter = OnlineSpecAdapter.attach(drafter, config)
+    rounds = [_feedback(drafter, target, seed=s % 4, accepted=3) for s in range(60)]
+    for fb in rounds:
+        adapter.observe(fb, target.lm_head)
+    first, last = sum(adapter.stats.losses[:8]), sum(adapter.stats.losses[-8:])
+    assert last < 0.8 * first, (first, last)
+    if algorithm == "ensemble":
+        weights = adapter.stats.weights[-1]
+        assert math.isclose(sum(weights), 1.0, rel_tol=1e-6)
+        assert weights[0] < max(weights)  # the static (lr 0) member lost weight to a learning one
+        static_b = [m.lora_B["online_0"].weight for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+        assert all(b.abs().sum() == 0 for b in static_b)
+
+
+def test_nan_feedback_rolls_back_to_the_last_good_state():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(loss="reverse_kl", learning_rate=0.05,
+                                                                 rollback_window=2))
+    for seed in range(4):
+        adapter.observe(_feedback(drafter, target, seed=seed, accepted=2), target.lm_head)
+    good = [p.clone() for p in adapter._params("online")]
+    bad = _feedback(drafter, target, seed=9, accepted=2)
+    bad.target_logits[0, 0] = float("nan")
+    result = adapter.observe(bad, target.lm_head)
+    assert result["rolled_back"] and adapter.stats.rollbacks
+    assert all(torch.equal(p, g) for p, g in zip(adapter._params("online"), good))
+
+
+def test_sustained_acceptance_drop_rolls_back():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05, rollback_window=4,
+                                                                 rollback_drop=0.5))
+    for seed in range(4):  # a good window: everything accepted
+        adapter.observe(_feedback(drafter, target, seed=seed, n=3, accepted=3), target.lm_head)
+    snapshot = [p.clone() for p in adapter._params("online")]
+    for seed in range(4):  # acceptance collapses
+        adapter.observe(_feedback(drafter, target, seed=10 + seed, n=3, accepted=0), target.lm_head)
+    assert adapter.stats.rollbacks == [8]
+    assert all(torch.equal(p, s) for p, s in zip(adapter._params("online"), snapshot))
+
+
+# ------------------------------------------------------------------------------------------------ persistence
+
+
+@pytest.mark.parametrize("algorithm", ["ogd", "ensemble"])
+def test_save_load_round_trip(tmp_path, algorithm):
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm=algorithm, learning_rate=0.05))
+    for seed in range(4):
+        adapter.observe(_feedback(drafter, target, seed=seed, accepted=2), target.lm_head)
+    adapter.save_pretrained(tmp_path / "adapter")
+    fresh = _drafter(target)
+    loaded = OnlineSpecAdapter.from_pretrained(fresh, tmp_path / "adapter")
+    assert fresh.online_adapter is loaded and loaded.config == adapter.config
+    for name in adapter.config.adapter_names:
+        assert all(torch.equal(a, b) for a, b in zip(adapter._params(name), loaded._params(name)))
+    fb = _feedback(drafter, target, seed=42)
+    with torch.no_grad():
+        assert torch.allclose(adapter.round_loss(fb, target.lm_head), loaded.round_loss(fb, target.lm_head))
+
+
+def test_crash_mid_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
+    import adaflash_hf.online.adapter as module
+
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter.observe(_feedback(drafter, target), target.lm_head)
+    adapter.save_pretrained(tmp_path / "adapter")
+    saved = [p.clone() for p in adapter._params("online")]
+    adapter.observe(_feedback(drafter, target, seed=3, accepted=2), target.lm_head)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(module, "save_file", crash)
+    with pytest.raises(OSError):
+        adapter.save_pretrained(tmp_path / "adapter")
+    monkeypatch.undo()
+    loaded = OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path / "adapter")
+    assert all(torch.equal(a, b) for a, b in zip(loaded._params("online"), saved))
+
+
+def test_missing_files_fail_clearly(tmp_path):
+    target = make_tiny_target()
+    with pytest.raises(FileNotFoundError, match="online_config.json"):
+        OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ in generate
+
+
+@pytest.mark.parametrize("algorithm", ["ogd", "optimistic", "ensemble"])
+def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algorithm):
+    target = make_tiny_target(seed=4)
+    drafter = _drafter(target, seed=4)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm=algorithm, learning_rate=0.01,
+                                                                 record_stream=True))
+    rounds = []
+    for i in range(6):
+        prompt = _prompt(seed=i % 2)
+        expected = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        out = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
+        assert torch.equal(out, expected), f"call {i}: online adapter changed the output"
+        rounds.append(adapter.stats.rounds)
+    assert rounds == sorted(rounds) and rounds[-1] > rounds[0] > 0  # one learner over all calls
+    assert adapter.stats.updates == adapter.stats.rounds
+    result = regret(adapter, target.lm_head, epochs=2)
+    assert result["rounds"] == adapter.stats.rounds
+    assert result["best_fixed"] <= result["static"]
+    assert math.isclose(result["regret"], result["online"] - result["best_fixed"])
+    assert [m for m in drafter.modules() if isinstance(m, BaseTunerLayer)][0].lora_A.keys() == set(
+        adapter.config.adapter_names)  # the hindsight adapter was removed again
+
+
+def test_logits_processors_defer_learning_to_raw_logits():
+    target = make_tiny_target(seed=5)
+    drafter = _drafter(target, seed=5)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01))
+    prompt = _prompt(seed=5)
+    expected = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.3)
+    out = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.3,
+                          assistant_model=drafter)
+    assert torch.equal(out, expected)
+    assert adapter.stats.updates > 0
+
+
+def test_hindsight_needs_a_recorded_stream():
+    target = make_tiny_target()
+    adapter = OnlineSpecAdapter.attach(_drafter(target), OnlineSpecConfig())
+    with pytest.raises(ValueError, match="record_stream"):
+        hindsight_loss(adapter, target.lm_head)
+
+
+def test_learning_works_under_inference_mode():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    with torch.inference_mode():
+        fb = _feedback(drafter, target, accepted=2)
+        drafter.draft_logits(torch.zeros(1, 1, target.config.hidden_size), target.lm_head)  # an inference-mode slice
+        result = adapter.observe(fb, target.lm_head)
+    assert result["updated"] and math.isfinite(result["loss"])

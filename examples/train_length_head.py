@@ -41,10 +41,30 @@ class ScriptArguments:
     max_new_tokens: int = field(default=160, metadata={"help": "target response length of the training data"})
     gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
     gen_dtype: str = field(default="bfloat16", metadata={"help": "dtype used to generate responses"})
+    heldout_prompts_per_domain: int = field(default=0, metadata={
+        "help": "testbed: collect acceptance on this many train-split prompts per domain that the drafter never saw "
+                "(those after its first `prompts_per_domain`), instead of the drafter's own training sequences"})
     num_sequences: int = field(default=400, metadata={"help": "sequences used to collect acceptance outcomes"})
     num_anchors: int = field(default=16, metadata={"help": "blocks per sequence"})
     head_dim: int = field(default=128, metadata={"help": "hidden width of the head"})
     calibrate_threads: int | None = field(default=None, metadata={"help": "torch threads for the cost calibration"})
+
+
+def heldout_dataset(target, tokenizer, drafter, script):
+    """Recorded target responses to train-split prompts the drafter was not trained on (its acceptance there is
+    what serving will see; on its own training sequences it is optimistic)."""
+    first = script.prompts_per_domain
+    records = load_prompts(split="train", max_per_domain=first + script.heldout_prompts_per_domain)
+    by_domain: dict[str, list] = {}
+    for record in records:
+        by_domain.setdefault(record["domain"], []).append(record)
+    heldout = [r for rs in by_domain.values() for r in rs[first:]]
+    logging.info("held-out prompts for the length head: %d (%s)", len(heldout),
+                 {d: len(rs[first:]) for d, rs in by_domain.items()})
+    return build_training_dataset(
+        target, tokenizer, heldout, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
+        target_name="testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
+        gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
 
 
 def main():
@@ -61,6 +81,8 @@ def main():
             target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
             target_name=script.target or "testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
             gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
+    elif script.heldout_prompts_per_domain:
+        dataset = heldout_dataset(target, tokenizer, drafter, script)
     else:
         dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
                                            script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,

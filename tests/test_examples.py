@@ -25,6 +25,7 @@ EXAMPLES = sorted(p.name for p in (REPO_ROOT / "examples").glob("*.py") if not p
 # print a usage line with at least one option.
 MAIN_ARGUMENTS = {
     "data_curve.py": ["--sizes", "--max_steps", "--output_dir"],
+    "online_adapter.py": ["--algorithm", "--learning_rate", "--resume", "--output_dir", "--prompts"],
     "generate.py": ["--drafter", "--max-new-tokens", "--num-prompts", "--dtype"],
     "push_to_hub.py": ["--drafter", "--repo-id", "--bench-json", "--length-head", "--adapters", "--dry-run"],
     "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
@@ -195,3 +196,25 @@ def test_train_length_head_one_step_under_accelerate_launch(tiny_run):
     assert head.config.block_size == 4 and cost is not None and cost.points
     assert json.loads((out / "final" / "training_summary.json").read_text())["blocks"] > 0
     assert _cached_files(tiny_run["cache"]) == cached
+
+
+def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run):
+    """The online example serves a prompt stream with the drafter trained above, learns, saves a loadable adapter;
+    `--resume` continues from it."""
+    from adaflash_hf import AdaFlashDrafterModel
+    from adaflash_hf.online import OnlineSpecAdapter
+
+    assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
+    out = tiny_run["root"] / "online"
+    common = ["--target", str(tiny_run["target"]), "--drafter", str(tiny_run["drafter"] / "final"), "--prompts",
+              str(tiny_run["prompts"]), "--max_new_tokens", "12", "--output_dir", str(out), "--save_every", "2"]
+    result = _run(_accelerate("online_adapter.py", *common, "--max_prompts", "3"), timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    log = json.loads((out / "stream.json").read_text())
+    assert len(log) == 3 and log[-1]["learner_rounds"] > log[0]["learner_rounds"] > 0
+    drafter = AdaFlashDrafterModel.from_pretrained(tiny_run["drafter"] / "final", dtype=torch.float32)
+    adapter = OnlineSpecAdapter.from_pretrained(drafter, out / "adapter")
+    assert adapter.config.algorithm == "ogd"
+    resumed = _run(_accelerate("online_adapter.py", *common, "--max_prompts", "1", "--resume", str(out / "adapter")),
+                   timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]

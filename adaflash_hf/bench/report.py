@@ -38,7 +38,7 @@ ONLINE_ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
 SETTINGS = {
     "quick": {"a": {"max_prompts": 1, "max_new_tokens": 32},
               "b": {"levels": [1, 4], "max_new_tokens": 16},
-              "c": {},
+              "c": {"per_domain": 1, "max_new_tokens": 32},
               "d": {"max_prompts": 1, "max_new_tokens": 32}},
     "full": {"a": {"max_prompts": 3, "max_new_tokens": 128},
              "b": {"levels": [1, 4, 16, 32], "max_new_tokens": 48},
@@ -405,7 +405,8 @@ def section_c(args, cfg, models) -> dict:
         return _not_available("not available yet: adaflash_hf.bench.online has no run_online_bench")
     target, tokenizer, drafter = models.get()
     extra = {"progress": False} if "progress" in inspect.signature(run).parameters else {}
-    data = run(target, tokenizer, drafter, algorithms=ONLINE_ALGORITHMS, quick=args.quick, seed=args.seed, **extra)
+    data = run(target, tokenizer, drafter, algorithms=ONLINE_ALGORITHMS, quick=args.quick, seed=args.seed, **extra,
+               **cfg)
     stream = data.get("stream", {})
     return {"status": "ok", "data": data,
             "config": {"stream domains": " -> ".join(stream.get("domains", [])) or "-",

@@ -32,7 +32,10 @@ def _bench_parser(sub) -> None:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--methods", default=",".join(_methods()), help="comma-separated subset of the methods")
+    p.add_argument("--methods", default=",".join(_methods()),
+                   help="comma-separated subset of the methods; also drafter_confidence, drafter_heuristic and "
+                        "drafter_head (length baselines: transformers' confidence threshold and heuristic schedule "
+                        "vs our length head, which needs --length-head)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
@@ -102,10 +105,10 @@ def print_compare(result: dict) -> None:
               + f"{row['tau_mean']:>8.2f}{row['tau_std']:>8.3f}{row['identical']:>6}/{row['total']}")
 
 
-def _methods():
-    from .bench.runner import METHODS
+def _methods(all_methods: bool = False):
+    from .bench.runner import ALL_METHODS, METHODS
 
-    return METHODS
+    return ALL_METHODS if all_methods else METHODS
 
 
 def load_models(target_path, drafter_path, dtype):
@@ -138,9 +141,11 @@ def run_bench(args) -> dict:
     from .testbed import default_eval_prompts, read_prompts_jsonl
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = set(methods) - set(_methods())
+    unknown = set(methods) - set(_methods(all_methods=True))
     if unknown:
-        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(_methods())}")
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(_methods(all_methods=True))}")
+    if "drafter_head" in methods and not args.length_head:
+        raise SystemExit("method drafter_head needs --length-head PATH")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = _select(read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts(), args.max_prompts)
@@ -174,11 +179,12 @@ def run_bench(args) -> dict:
 def print_bench(summary: dict) -> None:
     methods = summary["methods"]
     domains = list(summary["domains"])
-    print(f"\n{'method':<15}{'domain':<9}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}")
+    print(f"\n{'method':<19}{'domain':<9}{'tok/s':>8}{'speedup':>9}{'tau':>7}{'identical':>11}{'verif/com':>10}")
     for method, data in methods.items():
         for name, row in [("overall", data["overall"])] + [(d, data["domains"][d]) for d in domains]:
-            print(f"{method:<15}{name:<9}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{row['tau']:>7.2f}"
-                  f"{row['identical']:>6}/{row['total']:<4}")
+            vpc = f"{row['verified_per_committed']:>8.2f}" if "verified_per_committed" in row else f"{'-':>8}"
+            print(f"{method:<19}{name:<9}{row['tokens_per_s']:>8.1f}{row['speedup']:>8.2f}x{row['tau']:>7.2f}"
+                  f"{row['identical']:>6}/{row['total']:<4}{vpc}")
     ours = methods.get("adaflash", {}).get("overall", {})
     if "acceptance_by_position" in ours:
         rates = " ".join(f"{r:.2f}" for r in ours["acceptance_by_position"])

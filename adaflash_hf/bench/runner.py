@@ -26,7 +26,13 @@ from ..training.data import encode_prompt
 
 
 METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
-# "drafter_only": our generator drafting every round (no lookup, no fallback); "adaflash": the default hybrid.
+# "drafter_only": our generator drafting every round (no lookup, no fallback) with the fixed full block;
+# "adaflash": the default hybrid (with the length head when one is attached). Length baselines, drafting every
+# round: "drafter_confidence" / "drafter_heuristic" (transformers' assistant confidence threshold and heuristic
+# schedule applied to the block) and "drafter_head" (our length head + cost model; needs `--length-head`).
+LENGTH_METHODS = ("drafter_confidence", "drafter_heuristic", "drafter_head")
+OURS = ("adaflash", "drafter_only", *LENGTH_METHODS)
+ALL_METHODS = (*METHODS, *LENGTH_METHODS)
 _DRAFTER_ONLY = {"hybrid_lookup": False, "allow_no_draft": False}
 
 
@@ -86,22 +92,33 @@ def method_kwargs(method: str, drafter, target, lookup_tokens: int = 10, early_e
         return {"assistant_early_exit": early_exit_layer or max(1, layers // 4)}
     if method == "dflash_native":
         return {"assistant_model": drafter, "speculation_type": "dflash"}
-    if method in ("adaflash", "drafter_only"):
+    if method in OURS:
         return {"assistant_model": drafter}
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
 
 
 @contextlib.contextmanager
-def _drafter_config(drafter, overrides: dict):
-    """Temporarily override drafter config flags (e.g. drafting every round for "drafter_only")."""
+def _drafter_config(drafter, method: str):
+    """Temporarily set the drafter up for `method`: config flags, length head and length policy."""
+    overrides = _DRAFTER_ONLY if method in OURS and method != "adaflash" else {}
+    head = getattr(drafter, "length_head", None)
+    if method == "drafter_head" and head is None:
+        raise ValueError("method 'drafter_head' needs a length head: pass --length-head PATH")
+    attrs = {"length_head": head if method in ("adaflash", "drafter_head") else None,
+             "length_policy": {"drafter_confidence": "confidence", "drafter_heuristic": "heuristic"}.get(method)}
     saved = {k: getattr(drafter.config, k) for k in overrides}
+    saved_attrs = {k: getattr(drafter, k, None) for k in attrs}
     for k, v in overrides.items():
         setattr(drafter.config, k, v)
+    for k, v in attrs.items():
+        setattr(drafter, k, v)
     try:
         yield
     finally:
         for k, v in saved.items():
             setattr(drafter.config, k, v)
+        for k, v in saved_attrs.items():
+            setattr(drafter, k, v)
 
 
 @torch.inference_mode()
@@ -132,7 +149,7 @@ def run_benchmark(
         encoded = [torch.tensor([encode_prompt(tokenizer, r["prompt"], chat_template=not raw)]) for r in records]
         for ids in encoded[:warmup]:  # warm up kernels/allocator once per method
             for method in methods:
-                with _drafter_config(drafter, _DRAFTER_ONLY if method == "drafter_only" else {}):
+                with _drafter_config(drafter, method):
                     target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                                     **method_kwargs(method, drafter, target))
         for i, (record, ids) in enumerate(tqdm(list(zip(records, encoded)), desc="bench", disable=not progress,
@@ -140,7 +157,7 @@ def run_benchmark(
             reference = references[i] if reuse else None
             for method in methods:
                 probe.reset()
-                with _drafter_config(drafter, _DRAFTER_ONLY if method == "drafter_only" else {}):
+                with _drafter_config(drafter, method):
                     start = time.perf_counter()
                     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                           do_sample=False, **method_kwargs(method, drafter, target))
@@ -158,7 +175,7 @@ def run_benchmark(
                     target_forwards=probe.count,
                     verify_seconds=probe.seconds,
                 )
-                if method in ("adaflash", "drafter_only"):
+                if method in OURS:
                     stats = drafter.generation_stats
                     m.draft_seconds, m.drafted, m.accepted = stats.draft_seconds, list(stats.drafted), list(stats.accepted)
                 results.append(m)
@@ -194,6 +211,8 @@ def summarize(results: list[Measurement], block_size: int | None = None) -> dict
                                       accepted=[a for m in ms for a in m.accepted])
             positions = block_size - 1 if block_size else max(pooled.drafted)
             out["acceptance_by_position"] = pooled.acceptance_by_position(positions)
+            # Tokens the target verified (drafted + its own) per token committed: 1.0 is plain decoding's cost.
+            out["verified_per_committed"] = (sum(pooled.drafted) + rounds) / max(sum(pooled.accepted) + rounds, 1)
             draft_s = sum(m.draft_seconds for m in ms)
             verify_s = sum(m.verify_seconds for m in ms)
             out["time_per_round_ms"] = {

@@ -108,6 +108,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self._cur_len = 0
         self._round_start: float | None = None
         self._last_arm: str | None = None
+        self._heuristic_tokens: int | None = None  # state of the "heuristic" length policy
 
         config = assistant_model.config
         self.lookup = None
@@ -182,8 +183,12 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             self._online_round = (*self._online_round, logits if logits.requires_grad else None)
             logits = logits.detach()
         head = getattr(self.assistant_model, "length_head", None)
-        if head is not None:  # adaptive length: verify only what is likely to be accepted
-            keep = self._adaptive_length(head, block_states[:, 1 : 1 + budget], logits, now)
+        policy = getattr(self.assistant_model, "length_policy", None)
+        if head is not None or policy is not None:  # adaptive length: verify only what is likely to be accepted
+            if head is not None:
+                keep = self._adaptive_length(head, block_states[:, 1 : 1 + budget], logits, now)
+            else:
+                keep = self._policy_length(policy, logits)
             logits = logits[:, :keep]
             if keep == 0:
                 return self._propose(input_ids, None, arm, now)
@@ -214,6 +219,27 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.survival.append(survival.tolist())
         cost = getattr(self.assistant_model, "cost_model", None)
         return best_length(survival, cost, fixed_seconds=time.perf_counter() - start)
+
+    def _policy_length(self, policy: str, logits: torch.Tensor) -> int:
+        """transformers' own assistant-length rules applied to the block (baselines for the length head):
+
+        * `"confidence[:t]"`: `assistant_confidence_threshold` (default t = 0.4): the block is cut after the first
+          drafted token whose probability is below t (that token is still verified, as transformers does);
+        * `"heuristic"`: `num_assistant_tokens_schedule="heuristic"`: +2 tokens after a fully accepted round, -1
+          otherwise (per `generate` call, as transformers' "heuristic_transient"), starting from and capped at the
+          full block.
+        """
+        n = logits.shape[1]
+        kind, _, value = policy.partition(":")
+        if kind == "confidence":
+            top = logits[0].float().softmax(-1).amax(-1)
+            low = (top < (float(value) if value else 0.4)).nonzero()
+            return int(low[0, 0]) + 1 if low.numel() else n
+        if kind == "heuristic":
+            if self._heuristic_tokens is None:
+                self._heuristic_tokens = self.block_size - 1
+            return max(1, min(n, int(self._heuristic_tokens)))
+        raise ValueError(f"unknown length_policy {policy!r}: use 'confidence[:threshold]' or 'heuristic'")
 
     def _draft_logits(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafted logits `[1, n, V or K]` and the draft-vocabulary ids (`None` for the full vocabulary)."""
@@ -320,6 +346,10 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             self.stats.accepted.append(int(num_matches))
         else:  # the prefill round: nothing was drafted
             self.stats.proposers.clear()
+        if self._heuristic_tokens is not None and self._last_arm == "drafter" and self._last_drafted:
+            full = int(num_matches) == self._last_drafted
+            grown = min(self.block_size - 1, self._heuristic_tokens + 2)  # a block holds at most B-1 drafts
+            self._heuristic_tokens = grown if full else max(1, self._heuristic_tokens - 1)
         self._last_drafted = None
         self._last_accepted = int(num_matches)
 

@@ -178,8 +178,9 @@ def table_d(data: dict) -> list[str]:
         o = m["overall"]
         rows.append([method, f"{o['tokens_per_s']:.1f}", f"{o['speedup']:.2f}x", f"{o['tau']:.2f}"]
                     + [f"{m['domains'][d]['speedup']:.2f}x / {m['domains'][d]['tau']:.2f}" for d in domains]
-                    + [f"{o['identical']}/{o['total']}"])
-    return _table(["method", "tok/s", "speed-up", "tau", *[f"{d} speed-up / tau" for d in domains], "identical"], rows)
+                    + [f"{o['identical']}/{o['total']}", _fmt(o.get("verified_per_committed"))])
+    return _table(["method", "tok/s", "speed-up", "tau", *[f"{d} speed-up / tau" for d in domains], "identical",
+                   "verified / committed"], rows)
 
 
 TABLES = {"a": table_a, "b": table_b, "c": table_c, "d": table_d}
@@ -416,16 +417,29 @@ def section_c(args, cfg, models) -> dict:
 def section_d(args, cfg, models) -> dict:
     from .runner import run_benchmark, summarize
 
+    from ..checkpoints import HERE
+    from .runner import LENGTH_METHODS
+
     target, tokenizer, drafter = models.get()
     records = _records(cfg["max_prompts"])
-    measured = run_benchmark(target, tokenizer, drafter, records, methods=BENCH_D_METHODS,
+    methods = BENCH_D_METHODS
+    head_dir = Path(args.length_head) if args.length_head else HERE / LENGTH_HEAD
+    if (head_dir / "config.json").is_file() and (head_dir / "cost_model.json").is_file():
+        # Length baselines at bs=1 (fixed block = drafter_only, transformers' confidence threshold and heuristic
+        # schedule, our head); with a head attached, `adaflash` is the full default: hybrid proposals + head.
+        from ..interop import load_length_head_folder
+
+        head, cost = load_length_head_folder(head_dir)
+        drafter.attach_length_head(head.to(drafter.dtype).eval(), cost)
+        methods = (*BENCH_D_METHODS, *LENGTH_METHODS)
+    measured = run_benchmark(target, tokenizer, drafter, records, methods=methods,
                              max_new_tokens=cfg["max_new_tokens"], progress=False)
     data = summarize(measured, block_size=drafter.config.block_size)
     data["config"] = {"dtype": "float32", "max_new_tokens": cfg["max_new_tokens"]}
     return {"status": "ok", "data": data,
             "config": {"prompts per domain": cfg["max_prompts"], "held-out prompts": len(records),
                        "max new tokens": cfg["max_new_tokens"], "dtype": "float32", "decoding": "greedy",
-                       "methods": ", ".join(BENCH_D_METHODS) + " (interleaved prompt by prompt)"}}
+                       "methods": ", ".join(methods) + " (interleaved prompt by prompt)"}}
 
 
 RUNNERS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d}

@@ -27,10 +27,10 @@ import time
 import traceback
 from pathlib import Path
 
+from ..checkpoints import LENGTH_HEAD, OPD_DRAFTER
+
 
 SECTIONS = ("a", "b", "c", "d")
-OPD_DRAFTER = "smollm2-135m-instruct-drafter-opd"
-LENGTH_HEAD = "smollm2-135m-instruct-length-head"
 STD_REDUCTION = 0.30  # claim (i): OPD's cross-domain std of tau at least 30% lower ...
 ONLINE_ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
 
@@ -354,10 +354,10 @@ def _records(max_prompts):
 
 
 def section_a(args, cfg, models) -> dict:
-    from ..checkpoints import HERE, default_drafter_dir
+    from ..checkpoints import HERE, offline_drafter_dir
     from ..cli import run_compare
 
-    offline = default_drafter_dir()
+    offline = offline_drafter_dir()
     opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
     if offline is None:
         return _not_available("no shipped offline drafter (adaflash_hf/checkpoints)")

@@ -1,13 +1,44 @@
-"""Small trained checkpoints shipped with the package (drafters for the testbed target)."""
+"""Small trained checkpoints shipped with the package (for the testbed target SmolLM2-135M-Instruct).
+
+* `smollm2-135m-instruct-drafter`: the offline (DFlash-recipe) drafter;
+* `smollm2-135m-instruct-drafter-opd`: the same drafter fine-tuned on-policy with reverse KL (AdaFlash part i);
+* `smollm2-135m-instruct-length-head`: the adaptive length head + the target's cost model (AdaFlash part ii).
+
+`DEFAULT_DRAFTER` is the one the demo and the CLI load when no `--drafter` is given: the better of the two drafters
+by measurement (see the README's results).
+"""
 
 from pathlib import Path
 
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DRAFTER = "smollm2-135m-instruct-drafter"
+OFFLINE_DRAFTER = "smollm2-135m-instruct-drafter"
+OPD_DRAFTER = "smollm2-135m-instruct-drafter-opd"
+LENGTH_HEAD = "smollm2-135m-instruct-length-head"
+DEFAULT_DRAFTER = OFFLINE_DRAFTER
+
+
+def _folder(name: str, required: str = "config.json") -> Path | None:
+    folder = HERE / name
+    return folder if (folder / required).is_file() else None
 
 
 def default_drafter_dir() -> Path | None:
-    """Folder of the shipped default drafter for SmolLM2-135M-Instruct, or None if none is shipped yet."""
-    folder = HERE / DEFAULT_DRAFTER
-    return folder if (folder / "config.json").is_file() else None
+    """Folder of the shipped default drafter for SmolLM2-135M-Instruct, or None if none is shipped."""
+    return _folder(DEFAULT_DRAFTER)
+
+
+def offline_drafter_dir() -> Path | None:
+    """The shipped offline-trained drafter (the baseline of OPD), or None."""
+    return _folder(OFFLINE_DRAFTER)
+
+
+def opd_drafter_dir() -> Path | None:
+    """The shipped OPD-fine-tuned drafter, or None."""
+    return _folder(OPD_DRAFTER)
+
+
+def length_head_dir() -> Path | None:
+    """The shipped length head folder (with `cost_model.json`), or None."""
+    folder = _folder(LENGTH_HEAD)
+    return folder if folder is not None and (folder / "cost_model.json").is_file() else None

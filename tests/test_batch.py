@@ -12,7 +12,8 @@ from adaflash_hf.generation.batch import (
     generate_batch,
     rejection_sample,
 )
-from adaflash_hf.generation.batch_state import RaggedCache
+from adaflash_hf.generation import batch as batch_module
+from adaflash_hf.generation.batch_state import MeasuredCost, RaggedCache, SpeculationSwitch
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models.length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
@@ -71,12 +72,13 @@ def _reference(target, prompt, max_new):
     return out[0, len(prompt):].tolist()
 
 
-def _oracle_runner(target, prompts, max_new, block_size=5, error_rate=0.3, seed=0, **runner_kwargs):
+def _oracle_runner(target, prompts, max_new, block_size=5, error_rate=0.3, seed=0, speculation="always",
+                   **runner_kwargs):
     references = [p + _reference(target, p, max_new + block_size) for p in prompts]
     torch.manual_seed(seed)
     config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, **ALWAYS_DRAFT).config
     drafter = BatchedOracle(config).eval()
-    runner = AdaFlashBatchGenerator(target, drafter, **runner_kwargs)
+    runner = AdaFlashBatchGenerator(target, drafter, speculation=speculation, **runner_kwargs)
     drafter.setup_oracle(target, references, lambda: runner, error_rate=error_rate, seed=seed)
     return runner
 
@@ -125,7 +127,7 @@ def test_random_drafter_greedy_rows_equal_bs1_generate():
     target = make_tiny_target(seed=1)
     drafter = _random_drafter(target, block_size=4)
     prompts = _prompts(10, seed=1)
-    out, stats = generate_batch(target, drafter, prompts, 18, return_stats=True)
+    out, stats = generate_batch(target, drafter, prompts, 18, return_stats=True, speculation="always")
     assert out == [_reference(target, p, 18) for p in prompts]
     assert stats.rounds >= 17 - 1  # a random drafter accepts (almost) nothing
     assert stats.compactions > 0  # rejected slots piled up and were compacted away
@@ -270,6 +272,100 @@ def test_ragged_cache_merge_select_compact_keep_attention():
     assert all(torch.allclose(attend(a, r, q), before[i]) for r, i in enumerate([4, 0, 2]))
 
 
+# ---------------------------------------------------------------------------------------------------- plain fallback
+
+
+def test_speculation_switch_explores_and_exploits():
+    switch = SpeculationSwitch(explore_every=5, warmup=2)
+    rates = {"draft": (16, 2.0), "plain": (16, 1.0)}  # plain commits twice as many tokens per second
+    arms = []
+    for _ in range(30):
+        arm = switch.choose()
+        arms.append(arm)
+        switch.record(arm, *rates[arm])
+    assert arms[:2] == ["draft", "plain"]  # both tried first
+    assert arms[2:].count("plain") >= 24 and 1 <= arms[2:].count("draft") <= 3  # exploits, explores less and less
+    assert switch.arms["draft"].interval > switch.explore_every  # each lost retry doubled the wait
+    rates["draft"] = (64, 2.0)  # speculation starts paying: the next exploration round switches back
+    arms = []
+    for _ in range(60):
+        arms.append(arm := switch.choose())
+        switch.record(arm, *rates[arm])
+    assert arms[-20:].count("draft") >= 17 and switch.arms["draft"].interval == 0
+
+
+def test_always_wrong_drafter_falls_back_to_plain_rounds():
+    target = make_tiny_target(seed=12)
+    prompts = _prompts(6, seed=12)
+    max_new = 30
+    runner = _oracle_runner(target, prompts, max_new, block_size=5, error_rate=1.0, seed=12, speculation="auto")
+    out = runner.generate(prompts, max_new)
+    assert out == [_reference(target, p, max_new) for p in prompts]
+    stats = runner.stats
+    assert sum(map(sum, stats.accepted)) == 0
+    assert stats.plain_rounds >= 2 * stats.rounds // 3 and stats.drafter_forwards <= stats.rounds // 3
+    assert stats.drafter_forwards + stats.plain_rounds == stats.rounds
+
+
+def test_perfect_drafter_keeps_speculating():
+    target = make_tiny_target(seed=13)
+    prompts = _prompts(4, seed=13)
+    runner = _oracle_runner(target, prompts, 24, block_size=6, error_rate=0.0, seed=13, speculation="auto")
+    assert runner.generate(prompts, 24) == [_reference(target, p, 24) for p in prompts]
+    assert runner.stats.drafter_forwards > runner.stats.plain_rounds
+
+
+def test_measured_cost_corrects_the_static_model():
+    cost = MeasuredCost(COST)
+    assert cost.seconds(4, 8) == COST.seconds(4, 8)  # nothing timed yet: the static model
+    cost.observe(1, 8, 2.0)
+    cost.observe(8, 8, 6.8)  # wide forwards cost twice what the static model says
+    assert cost.seconds(1, 8) == 2.0 and cost.seconds(8, 8) == 6.8
+    assert cost.seconds(7, 8) == pytest.approx(COST.seconds(7, 8) * 2.0)  # nearest timed width's ratio
+    assert cost.seconds(2, 8) == pytest.approx(COST.seconds(2, 8))
+    assert cost.seconds(2, 1) == COST.seconds(2, 1)  # other batch sizes: untouched
+    cost.observe(1, 8, 3.0)
+    assert cost.seconds(1, 8) == pytest.approx(2.3)  # moving average
+    survival = torch.full((8, 7), 0.5)
+    assert int(batch_verify_lengths(survival, torch.full((8,), 7), cost).max()) < 7
+
+
+class _ScriptedSwitch(SpeculationSwitch):
+    def choose(self):
+        self.round += 1
+        return "draft" if self.round % 3 == 1 else "plain"
+
+
+def test_plain_rounds_keep_the_drafter_context(monkeypatch):
+    """After plain rounds the drafter sees the skipped context: its block equals that of an always-drafting run."""
+    target = make_tiny_target(seed=14)
+    prompts = _prompts(4, seed=14)
+
+    def blocks(speculation):
+        runner = AdaFlashBatchGenerator(target, _random_drafter(target, block_size=4, seed=3),
+                                        speculation=speculation)
+        seen, draft = {}, runner._draft
+
+        def recording(batch):
+            anchors = list(zip(batch.prompt_idx, batch.next_pos.tolist()))
+            states = draft(batch)
+            seen.update({key: states[r] for r, key in enumerate(anchors)})
+            return states
+
+        runner._draft = recording
+        return runner.generate(prompts, 16), runner.stats, seen
+
+    out_always, _, always = blocks("always")
+    monkeypatch.setattr(batch_module, "SpeculationSwitch", _ScriptedSwitch)
+    out_scripted, stats, scripted = blocks("auto")
+    assert out_scripted == out_always == [_reference(target, p, 16) for p in prompts]
+    assert stats.plain_rounds > stats.drafter_forwards > 1
+    common = set(always) & set(scripted)
+    assert len(common) >= stats.drafter_forwards
+    for key in common:
+        torch.testing.assert_close(scripted[key], always[key], atol=1e-4, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------------- sampling
 
 
@@ -298,7 +394,8 @@ def test_sampling_matches_target_distribution():
     drafter = _random_drafter(target, block_size=4, seed=2)
     prompt, n, positions = [5, 1, 2], 600, [1, 2]
     torch.manual_seed(0)
-    out, stats = generate_batch(target, drafter, [prompt] * n, 3, do_sample=True, return_stats=True)
+    out, stats = generate_batch(target, drafter, [prompt] * n, 3, do_sample=True, return_stats=True,
+                                speculation="always")
     accepted, verified = sum(map(sum, stats.accepted)), sum(map(sum, stats.verified))
     assert 0 < accepted < verified  # drafts were both accepted and rejected: rejection sampling ran
     torch.manual_seed(1)

@@ -3,9 +3,12 @@
 
 For each concurrency level `c` the first `c` prompts (cycled if there are fewer) run, in the same process, as:
   * `plain_batched`: transformers' batched greedy `target.generate` (left-padded);
-  * `fixed_block`: our batched speculative engine verifying the whole drafted block every round;
-  * `adaptive`: the same engine with the length head + cost model choosing the verify length each round
-    (only when a length head is attached to the drafter or given).
+  * `fixed_block`: our batched speculative engine drafting and verifying the whole block every round
+    (`speculation="always"`: what speculation alone costs);
+  * `fixed_block_auto`: the same with the engine's default plain-round fallback (`speculation="auto"`: per round,
+    speculate or decode plainly, whichever has been committing more tokens per second);
+  * `adaptive`: the default engine with the length head + cost model choosing the verify length each round and the
+    plain-round fallback (only when a length head is attached to the drafter or given).
 Reported per level and method: output tokens/s (new tokens of all rows / wall seconds), tau (tokens committed per
 row-round) and tokens verified per committed token, and whether every row equals plain greedy of its prompt
 alone (checked against bs=1 `generate`, the lossless reference).
@@ -49,7 +52,8 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     head = length_head or getattr(drafter, "length_head", None)
     cost = cost_model or getattr(drafter, "cost_model", None)
-    methods = ["plain_batched", "fixed_block"] + (["adaptive"] if head is not None and cost is not None else [])
+    methods = ["plain_batched", "fixed_block", "fixed_block_auto"]
+    methods += ["adaptive"] if head is not None and cost is not None else []
     references: dict[int, list[int]] = {}
 
     def reference(i):  # bs=1 plain greedy: the lossless reference of prompt i
@@ -76,6 +80,7 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
                     length_head=head if method == "adaptive" else None,
                     cost_model=cost if method == "adaptive" else None,
                     fixed_length=None if method == "adaptive" else drafter.config.block_size - 1,
+                    speculation="always" if method == "fixed_block" else "auto",
                 )
             seconds = time.perf_counter() - start
             new_tokens = sum(len(r) for r in rows)
@@ -84,18 +89,24 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
             if stats is not None:
                 detail["tau"] = stats.tau
                 detail["verified_per_committed"] = stats.tokens_verified / max(stats.tokens_committed, 1)
+                detail.update(rounds=stats.rounds, plain_rounds=stats.plain_rounds,
+                              drafter_forwards=stats.drafter_forwards,
+                              seconds_split={k: round(v, 3) for k, v in stats.seconds.items()})
             result["concurrency"][str(level)][method] = detail["tokens_per_s"]
             result["detail"][str(level)][method] = detail
     return result
 
 
 def print_concurrency(result: dict) -> None:
-    print(f"\n{'level':>6} {'method':<15}{'tok/s':>9}{'tau':>7}{'verif/commit':>14}{'identical':>11}")
+    print(f"\n{'level':>6} {'method':<17}{'tok/s':>9}{'tau':>7}{'verif/commit':>14}{'plain rounds':>14}"
+          f"{'identical':>11}")
     for level, methods in result["detail"].items():
         for method, d in methods.items():
             tau = f"{d['tau']:.2f}" if "tau" in d else "-"
             vpc = f"{d['verified_per_committed']:.2f}" if "verified_per_committed" in d else "-"
-            print(f"{level:>6} {method:<15}{d['tokens_per_s']:>9.1f}{tau:>7}{vpc:>14}{d['identical']:>6}/{d['total']}")
+            plain = f"{d['plain_rounds']}/{d['rounds']}" if "rounds" in d else "-"
+            print(f"{level:>6} {method:<17}{d['tokens_per_s']:>9.1f}{tau:>7}{vpc:>14}{plain:>14}"
+                  f"{d['identical']:>6}/{d['total']}")
 
 
 def plot_concurrency(result: dict, path) -> None:

@@ -21,7 +21,13 @@ One round, for all active rows at once:
    `output_hidden_states` at `target_layer_ids + 1`.
 4. Each row accepts its own prefix: greedy, the longest prefix equal to the target's argmax, then the target's
    token; sampling, speculative rejection sampling (`rejection_sample`). Committed tokens are cut after an EOS.
-5. Finished rows (EOS or `max_new_tokens`) leave the batch; with `continuous=True` waiting prompts take the free
+5. Plain rounds: with `speculation="auto"` (default) a `SpeculationSwitch` picks, per round, speculating (steps 1-4)
+   or a plain round (no drafter forward, every row verifies only its last token, as batched `generate` does),
+   whichever has been committing more tokens per second of round time; an arm unused for a while is retried. The
+   target context of plain rounds is kept and handed to the drafter at its next forward (lazily, as the bs=1
+   generator's pending context), so a drafter that drafts again sees exactly what it would have seen.
+   `speculation="always"` drafts every round (the plain fallback then only happens when M = 0 is chosen).
+6. Finished rows (EOS or `max_new_tokens`) leave the batch; with `continuous=True` waiting prompts take the free
    slots: they are prefilled together in a separate target forward and merged into the batch (`RaggedCache.merge`).
 
 Cache design (see `batch_state.py`): one transformers `DynamicCache` for the target and one `DFlashCache` for the
@@ -46,7 +52,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DFlashCache
 
-from .batch_state import BatchState, BatchStats, RaggedCache
+from .batch_state import BatchState, BatchStats, MeasuredCost, RaggedCache, SpeculationSwitch
 
 
 # ---------------------------------------------------------------------------------------------------- pure functions
@@ -122,16 +128,21 @@ class AdaFlashBatchGenerator:
         drafter: an AdaFlash/DFlash drafter for `target`; `None` runs plain batched decoding (no drafts).
         length_head: an `AdaFlashLengthHead`; `None` falls back to the one attached to the drafter
             (`drafter.attach_length_head`), as `generate(assistant_model=drafter)` does.
-        cost_model: a `TargetCostModel` for the head's length choice (fallback: the drafter's); without one every
-            row verifies its whole budget.
+        cost_model: a `TargetCostModel` for the head's length choice (fallback: the drafter's), corrected during a
+            run by the verification forwards it times (`MeasuredCost`); without one every row verifies its budget.
         fixed_length: verify exactly `min(fixed_length, budget)` drafted tokens per row (ignores the head);
             `0` disables drafting.
         compact_ratio / compact_min_waste: compact a cache when its fully-removable slots exceed
             `max(compact_min_waste, compact_ratio * slots)`; `compact_min_waste=None` never compacts.
+        speculation: `"auto"`: per round, speculate or decode plainly, whichever commits more tokens per second
+            (`SpeculationSwitch`, module docstring step 5); `"always"`: draft every round the budget allows.
     """
 
     def __init__(self, target, drafter=None, length_head=None, cost_model=None, fixed_length: int | None = None,
-                 compact_ratio: float = 0.5, compact_min_waste: int | None = 32):
+                 compact_ratio: float = 0.5, compact_min_waste: int | None = 32, speculation: str = "auto"):
+        if speculation not in ("auto", "always"):
+            raise ValueError(f"speculation must be 'auto' or 'always', got {speculation!r}.")
+        self.speculation = speculation
         self.target = target
         self.drafter = drafter if fixed_length != 0 else None
         self.length_head = length_head if length_head is not None else getattr(drafter, "length_head", None)
@@ -148,6 +159,7 @@ class AdaFlashBatchGenerator:
             self.block_size = int(drafter.config.block_size)
             self.drafter_param = next(drafter.parameters())
         self.stats = BatchStats()
+        self.switch = SpeculationSwitch()
         self._active: BatchState | None = None
 
     @property
@@ -184,6 +196,8 @@ class AdaFlashBatchGenerator:
         self._cfg = dict(max_new=int(max_new_tokens), eos=eos, sample=do_sample, temperature=float(temperature),
                          generator=generator)
         self.stats = stats = BatchStats.for_prompts(len(prompts))
+        self.switch = switch = SpeculationSwitch()
+        self._cost = None if self.cost_model is None else MeasuredCost(self.cost_model)
         self._outputs = outputs = [[] for _ in prompts]
         self._done = [False] * len(prompts)
         if max_new_tokens <= 0 or not prompts:
@@ -203,8 +217,11 @@ class AdaFlashBatchGenerator:
                     if batch.size == 0:
                         continue
                 self._active = batch
-                self._round(batch)
+                t0 = self._clock()
+                arm, committed = self._round(batch, self._arm(batch))
                 self._retire(batch)
+                if arm is not None:
+                    switch.record(arm, committed, self._clock() - t0)
         finally:
             self._active = None
             stats.seconds["total"] += time.perf_counter() - start
@@ -245,26 +262,40 @@ class AdaFlashBatchGenerator:
 
     # ------------------------------------------------------------------ one round
 
-    def _round(self, batch: BatchState) -> None:
-        """Draft (one drafter forward), choose lengths, verify (one target forward), accept, commit."""
+    def _arm(self, batch: BatchState) -> str | None:
+        """`"draft"` / `"plain"` for this round, or None when there is no choice (no drafter, or no row may draft)."""
+        if self.drafter is None:
+            return None
+        top = max(self._cfg["max_new"] - len(self._outputs[i]) for i in batch.prompt_idx) - 1
+        if top <= 0:
+            return None
+        return "draft" if self.speculation == "always" else self.switch.choose()
+
+    def _round(self, batch: BatchState, arm: str | None) -> tuple[str | None, int]:
+        """Draft (one drafter forward), choose lengths, verify (one target forward), accept, commit.
+
+        `arm == "draft"` speculates; otherwise the round is plain (one token per row, no drafter forward).
+        Returns `(arm, tokens committed by all rows)`.
+        """
         cfg, stats = self._cfg, self.stats
         t0 = self._clock()
         b = batch.size
-        remaining = torch.tensor([cfg["max_new"] - len(self._outputs[i]) for i in batch.prompt_idx])
         device = self.device
         drafts = torch.zeros(b, 0, dtype=torch.long, device=device)
         lengths = torch.zeros(b, dtype=torch.long, device=device)
         q = None
-        if self.drafter is not None:
+        if arm == "draft":
+            remaining = torch.tensor([cfg["max_new"] - len(self._outputs[i]) for i in batch.prompt_idx])
             budget = (remaining - 1).clamp(min=0, max=self.block_size - 1).to(device)
-            if int(budget.max()) > 0:
-                states = self._draft(batch)[:, 1 : 1 + int(budget.max())]  # [b, n, H] drafted positions
-                logits, vocab_ids = self._draft_logits(states)  # [b, n, V or K]
-                t1 = self._clock()
-                stats.seconds["draft"] += t1 - t0
-                lengths = self._lengths(states, logits, budget, t0)
-                stats.seconds["length"] += self._clock() - t1
-                drafts, q = self._pick_drafts(logits[:, : int(lengths.max())], vocab_ids)
+            states = self._draft(batch)[:, 1 : 1 + int(budget.max())]  # [b, n, H] drafted positions
+            logits, vocab_ids = self._draft_logits(states)  # [b, n, V or K]
+            t1 = self._clock()
+            stats.seconds["draft"] += t1 - t0
+            lengths = self._lengths(states, logits, budget, t0)
+            stats.seconds["length"] += self._clock() - t1
+            drafts, q = self._pick_drafts(logits[:, : int(lengths.max())], vocab_ids)
+        else:
+            stats.plain_rounds += 1
 
         t2 = self._clock()
         m = drafts.shape[1]
@@ -277,8 +308,13 @@ class AdaFlashBatchGenerator:
         logits = out.logits  # [b, m + 1, V]
         t3 = self._clock()
         stats.seconds["verify"] += t3 - t2
+        if self._cost is not None:
+            self._cost.observe(m + 1, b, t3 - t2)
 
-        if cfg["sample"]:
+        if m == 0:  # plain round: no drafts to check
+            accepted = torch.zeros(b, dtype=torch.long, device=device)
+            next_tok = self._choose(logits[:, 0].float())
+        elif cfg["sample"]:
             p = torch.softmax(logits.float() / cfg["temperature"], dim=-1)
             accepted, next_tok = rejection_sample(p, q, drafts, lengths, cfg["generator"])
         else:
@@ -297,12 +333,20 @@ class AdaFlashBatchGenerator:
         stats.rounds += 1
         stats.batch_sizes.append(b)
         stats.verify_widths.append(m + 1)
-        rows = zip(batch.prompt_idx, drafts.tolist(), accepted.tolist(), next_tok.tolist(), lengths.tolist())
-        for i, row_drafts, a, token, length in rows:
-            stats.verified[i].append(length)
-            stats.accepted[i].append(a)
-            self._commit(i, row_drafts[:a] + [token])
+        committed = 0
+        if m == 0:
+            for i, token in zip(batch.prompt_idx, next_tok.tolist()):
+                stats.verified[i].append(0)
+                stats.accepted[i].append(0)
+                committed += self._commit(i, [token])
+        else:
+            rows = zip(batch.prompt_idx, drafts.tolist(), accepted.tolist(), next_tok.tolist(), lengths.tolist())
+            for i, row_drafts, a, token, length in rows:
+                stats.verified[i].append(length)
+                stats.accepted[i].append(a)
+                committed += self._commit(i, row_drafts[:a] + [token])
         stats.seconds["accept"] += self._clock() - t3
+        return arm, committed
 
     def _draft(self, batch: BatchState) -> torch.Tensor:
         """One drafter forward for every row: `[b, B, H]` block states. Consumes the pending context."""
@@ -352,7 +396,7 @@ class AdaFlashBatchGenerator:
         param = next(head.parameters())
         survival = head(block_states=states.to(device=param.device, dtype=param.dtype),
                         prob_features=None if features is None else features.to(param.device)).survival
-        return batch_verify_lengths(survival, budget, self.cost_model, fixed_seconds=self._clock() - t0)
+        return batch_verify_lengths(survival, budget, self._cost, fixed_seconds=self._clock() - t0)
 
     def _pick_drafts(self, logits: torch.Tensor, vocab_ids: torch.Tensor | None):
         """Drafted tokens `[b, m]` (argmax, or sampled) and, when sampling, their full-vocabulary probs `[b, m, V]`."""
@@ -395,8 +439,8 @@ class AdaFlashBatchGenerator:
         finally:
             self.embeddings.embed_norm = embed_norm
 
-    def _commit(self, i: int, tokens: list[int]) -> None:
-        """Append a row's new tokens, cut after an EOS; mark it done at EOS or `max_new_tokens`."""
+    def _commit(self, i: int, tokens: list[int]) -> int:
+        """Append a row's new tokens, cut after an EOS; mark it done at EOS or `max_new_tokens`. Returns the count."""
         eos = self._cfg["eos"]
         for n, token in enumerate(tokens):
             if token in eos:
@@ -408,6 +452,7 @@ class AdaFlashBatchGenerator:
         self.stats.committed[i].append(len(tokens))
         if len(out) >= self._cfg["max_new"]:
             self._done[i] = True
+        return len(tokens)
 
     def _retire(self, batch: BatchState, compact: bool = True) -> None:
         """Drop finished rows; compact caches whose holes waste too much."""
@@ -446,7 +491,7 @@ def _prompt_lists(prompts, attention_mask=None) -> list[list[int]]:
 def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
                    temperature: float = 1.0, length_head=None, cost_model=None, fixed_length: int | None = None,
                    max_batch_size: int | None = None, continuous: bool = False, attention_mask=None,
-                   generator: torch.Generator | None = None, return_stats: bool = False):
+                   generator: torch.Generator | None = None, return_stats: bool = False, speculation: str = "auto"):
     """Batched speculative decoding: the new tokens of each prompt, in input order (`list[list[int]]`).
 
     `prompts`: `list[list[int]]`, or `input_ids [b, T]` with `attention_mask`. See `AdaFlashBatchGenerator` for the
@@ -454,7 +499,7 @@ def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=N
     `drafter.batch_generation_stats`.
     """
     runner = AdaFlashBatchGenerator(target, drafter, length_head=length_head, cost_model=cost_model,
-                                    fixed_length=fixed_length)
+                                    fixed_length=fixed_length, speculation=speculation)
     tokens = runner.generate(prompts, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                              temperature=temperature, max_batch_size=max_batch_size, continuous=continuous,
                              attention_mask=attention_mask, generator=generator)

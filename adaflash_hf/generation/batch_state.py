@@ -2,7 +2,9 @@
 """State of batched speculative decoding (`generation/batch.py`): ragged KV caches, the batch, statistics.
 
 `BatchState` holds the active rows (last token, position, the target's and the drafter's `RaggedCache`, the target
-context the drafter has not seen yet); `BatchStats` the per-run statistics.
+context the drafter has not seen yet); `BatchStats` the per-run statistics; `SpeculationSwitch` decides, round by
+round, whether speculating (drafter forward + wider verify) currently commits more tokens per second than plain
+one-token decoding of the batch.
 
 A `RaggedCache` is a transformers `DynamicCache` (or `DFlashCache`) holding one row per sequence, plus a boolean
 validity mask `[b, S]` over its `S` slots. Rows grow by the same number of slots per forward (the batch is padded),
@@ -166,8 +168,8 @@ class BatchStats:
     """Statistics of one batched run. Per-prompt lists (`verified`, `accepted`, `committed`) are in input order.
 
     `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards + draft logits),
-    `length` (length head + cost model), `verify` (target verification forwards), `accept` (acceptance and
-    bookkeeping, incl. cache compaction) and `total`.
+    `length` (length head + cost model), `verify` (target verification forwards, plain rounds included), `accept`
+    (acceptance and bookkeeping, incl. cache compaction) and `total`.
     """
 
     rounds: int = 0
@@ -180,6 +182,7 @@ class BatchStats:
     accepted: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens accepted per round
     committed: list[list[int]] = field(default_factory=list)  # per prompt: new tokens per round (prefill first)
     compactions: int = 0
+    plain_rounds: int = 0  # rounds without a drafter forward (the switch chose plain decoding, or no budget left)
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("prefill", "draft", "length", "verify", "accept", "total"), 0.0)
     )
@@ -207,6 +210,104 @@ class BatchStats:
         """Mean tokens committed per row per verification round (prefill excluded)."""
         per_round = [c for row in self.committed for c in row[1:]]
         return sum(per_round) / len(per_round) if per_round else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- the switch
+
+
+@dataclass
+class _Rate:
+    tokens: float = 0.0
+    seconds: float = 0.0
+    count: int = 0
+    last_round: int = -1
+    interval: int = 0  # rounds between explorations of this arm while it loses (doubles each lost exploration)
+
+    def score(self) -> float:
+        return float("inf") if self.count == 0 else self.tokens / max(self.seconds, 1e-9)
+
+
+@dataclass
+class SpeculationSwitch:
+    """Explore/exploit choice between a speculative round ("draft") and a plain decoding round ("plain").
+
+    Each arm's score is its committed tokens per second of round time (whole batch: drafting, length choice,
+    verification forward, acceptance, cache compaction), as exponential moving averages of the tokens and the
+    seconds of the rounds it was chosen (as `generation/policy.py` does for bs=1). The arm with the higher score
+    runs. Untried arms come first ("draft", then "plain"). The losing arm is retried after `explore_every` rounds,
+    and after twice as many each time the retry loses again (at most `max_interval`), so a batch where speculation
+    does not pay spends few rounds finding that out again; a retry that wins resets the interval. A retry's round, and
+    the first `warmup` rounds of an arm, replace its estimate instead of blending into it: an old estimate is stale,
+    and the first speculative round also feeds the drafter the whole prompt context, which would otherwise make
+    speculation look worse than it is for many rounds.
+
+    Nothing here changes the output: plain rounds verify no drafts, and the drafter's context is caught up lazily
+    (the target context of plain rounds waits in `BatchState.ctx` until the next drafter forward).
+    """
+
+    decay: float = 0.3
+    explore_every: int = 12
+    max_interval: int = 96
+    warmup: int = 2
+    round: int = 0
+    arms: dict = field(default_factory=lambda: {"draft": _Rate(), "plain": _Rate()})
+    _exploring: str | None = None
+
+    def choose(self) -> str:
+        self.round += 1
+        self._exploring = None
+        for name, arm in self.arms.items():
+            if arm.count == 0:
+                return name
+        best = max(self.arms, key=lambda a: self.arms[a].score())
+        for name, arm in self.arms.items():
+            if name != best and self.round - arm.last_round > (arm.interval or self.explore_every):
+                self._exploring = name
+                return name
+        return best
+
+    def record(self, arm: str, tokens: int, seconds: float) -> None:
+        est = self.arms[arm]
+        if est.count < self.warmup or self._exploring == arm:  # first rounds, or a retry after a gap: fresh estimate
+            est.tokens, est.seconds = float(tokens), float(seconds)
+        else:
+            est.tokens += self.decay * (tokens - est.tokens)
+            est.seconds += self.decay * (seconds - est.seconds)
+        est.count += 1
+        est.last_round = self.round
+        if self._exploring == arm:
+            lost = est.score() < max(a.score() for name, a in self.arms.items() if name != arm)
+            est.interval = min(2 * (est.interval or self.explore_every), self.max_interval) if lost else 0
+
+
+class MeasuredCost:
+    """A `TargetCostModel` corrected by the verification forwards actually timed in this run.
+
+    The static model is calibrated at batch size 1 and scaled linearly in the batch size, which underestimates
+    how much wider verify forwards cost once a batch makes the target compute-bound (on 2 CPU cores, 16 rows x 8
+    tokens cost ~3x 16 rows x 1 token, against ~1.9x at batch size 1). `seconds(n, b)` returns the moving average
+    of the timed forwards of `b` rows x `n` tokens when there are some, else the static estimate times the
+    measured/static ratio of the timed width nearest to `n` at that batch size.
+    """
+
+    def __init__(self, static, decay: float = 0.3):
+        self.static, self.decay = static, decay
+        self.timed: dict[tuple[int, int], float] = {}
+
+    def observe(self, num_tokens: int, batch_size: int, seconds: float) -> None:
+        key = (batch_size, num_tokens)
+        old = self.timed.get(key)
+        self.timed[key] = seconds if old is None else old + self.decay * (seconds - old)
+
+    def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
+        if (batch_size, num_tokens) in self.timed:
+            return self.timed[(batch_size, num_tokens)]
+        static = self.static.seconds(num_tokens, batch_size)
+        widths = [n for b, n in self.timed if b == batch_size]
+        if not widths:
+            return static
+        near = min(widths, key=lambda n: (abs(n - num_tokens), n))
+        return static * self.timed[(batch_size, near)] / max(self.static.seconds(near, batch_size), 1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------- the batch
@@ -300,4 +401,4 @@ def _left_pad(layer, name: str, ref, batch: int, slots: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3]), t], dim=2)
 
 
-__all__ = ["BatchState", "BatchStats", "RaggedCache"]
+__all__ = ["BatchState", "BatchStats", "MeasuredCost", "RaggedCache", "SpeculationSwitch"]

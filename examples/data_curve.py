@@ -21,12 +21,13 @@ def main():
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/curve"))
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="further arguments for train_drafter.py")
     args = parser.parse_args()
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra  # `... -- --eval_steps 100` style
     points = []
     for size in [int(s) for s in args.sizes.split(",")]:
         out = args.output_dir / f"n{size}"
         cmd = [sys.executable, str(Path(__file__).with_name("train_drafter.py")), "--output_dir", str(out),
                "--max_train_sequences", str(size), "--max_steps", str(args.max_steps), "--save_strategy", "no",
-               "--eval_strategy", "no", "--disable_tqdm", "true", *args.extra]
+               "--eval_strategy", "no", "--disable_tqdm", "true", *extra]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
         summary = json.loads((out / "final" / "training_summary.json").read_text())

@@ -12,7 +12,6 @@ stops early when it stops improving; the best drafter is saved to `output_dir/fi
 
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, EarlyStoppingCallb
 
 import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
-from adaflash_hf.testbed import cache_dir, load_prompts, load_testbed, read_prompts_jsonl
-from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig, build_training_dataset
-from adaflash_hf.training.data import frequent_tokens, testbed_training_dataset
+from adaflash_hf.testbed import load_testbed
+from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
+from adaflash_hf.training.data import frequent_tokens, script_training_dataset
 
 
 @dataclass
@@ -67,19 +66,11 @@ def main():
                                                    num_context_layers=script.num_context_layers, tokenizer=tokenizer)
     drafter.config._attn_implementation = "sdpa"
 
-    if script.train_prompts or script.target:
-        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
-            split="train", max_per_domain=script.prompts_per_domain)
-        random.Random(0).shuffle(records)
-        dataset = build_training_dataset(
-            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
-            target_name=target_name, max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
-            gen_dtype=getattr(torch, script.gen_dtype),
-        )
-    else:
-        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
-                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
-                                           script.gen_dtype)
+    dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids, target_path=script.target,
+                                      train_prompts=script.train_prompts,
+                                      prompts_per_domain=script.prompts_per_domain,
+                                      max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+                                      gen_dtype=script.gen_dtype)
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
     if script.max_train_sequences:
         split["train"] = split["train"].select(range(min(script.max_train_sequences, len(split["train"]))))

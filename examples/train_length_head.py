@@ -14,7 +14,6 @@
 
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +25,9 @@ from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
-from adaflash_hf.testbed import cache_dir, load_prompts, read_prompts_jsonl
+from adaflash_hf.testbed import cache_dir, load_prompts
 from adaflash_hf.training import build_training_dataset
-from adaflash_hf.training.data import testbed_training_dataset
+from adaflash_hf.training.data import script_training_dataset
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 
 
@@ -73,20 +72,14 @@ def main():
     target, tokenizer, drafter = load_models(script.target, script.drafter, torch.float32)  # checked pair
     path = script.drafter or default_drafter_dir()
 
-    if script.train_prompts or script.target:  # same data (and cache entry) as train_drafter.py with these arguments
-        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
-            split="train", max_per_domain=script.prompts_per_domain)
-        random.Random(0).shuffle(records)
-        dataset = build_training_dataset(
-            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
-            target_name=script.target or "testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
-            gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
-    elif script.heldout_prompts_per_domain:
+    if script.heldout_prompts_per_domain:
         dataset = heldout_dataset(target, tokenizer, drafter, script)
     else:
-        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
-                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
-                                           script.gen_dtype)
+        dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids, target_path=script.target,
+                                          train_prompts=script.train_prompts,
+                                          prompts_per_domain=script.prompts_per_domain,
+                                          max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+                                          gen_dtype=script.gen_dtype)
     subset = dataset.shuffle(seed=1).select(range(min(script.num_sequences, len(dataset))))
     data = collect_length_data(drafter, target, subset, num_anchors=script.num_anchors)
     train, val = data.split(0.1)

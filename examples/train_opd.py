@@ -12,7 +12,6 @@ to `output_dir/final`.
 
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +21,8 @@ from transformers import HfArgumentParser
 import adaflash_hf  # noqa: F401
 from adaflash_hf.cli import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
-from adaflash_hf.testbed import cache_dir, load_prompts, read_prompts_jsonl
-from adaflash_hf.training import OPDConfig, OPDTrainer, build_training_dataset
-from adaflash_hf.training.data import testbed_training_dataset
+from adaflash_hf.training import OPDConfig, OPDTrainer
+from adaflash_hf.training.data import script_training_dataset
 
 
 @dataclass
@@ -45,18 +43,11 @@ def main():
     target, tokenizer, drafter = load_models(script.target, script.init_drafter, torch.float32)  # checked pair
     path = script.init_drafter or default_drafter_dir()
 
-    if script.train_prompts or script.target:  # same data (and cache entry) as train_drafter.py with these arguments
-        records = read_prompts_jsonl(script.train_prompts) if script.train_prompts else load_prompts(
-            split="train", max_per_domain=script.prompts_per_domain)
-        random.Random(0).shuffle(records)
-        dataset = build_training_dataset(
-            target, tokenizer, records, drafter.config.target_layer_ids, cache_root=cache_dir() / "datasets",
-            target_name=script.target or "testbed:SmolLM2-135M-Instruct", max_new_tokens=script.max_new_tokens,
-            gen_batch_size=script.gen_batch_size, gen_dtype=getattr(torch, script.gen_dtype))
-    else:
-        dataset = testbed_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
-                                           script.prompts_per_domain, script.max_new_tokens, script.gen_batch_size,
-                                           script.gen_dtype)
+    dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids, target_path=script.target,
+                                      train_prompts=script.train_prompts,
+                                      prompts_per_domain=script.prompts_per_domain,
+                                      max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+                                      gen_dtype=script.gen_dtype)
     split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
     by_domain = {d: split["test"].filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(split["test"]["domain"]))}
     trainer = OPDTrainer(drafter, config, target, train_dataset=split["train"], eval_dataset=by_domain)

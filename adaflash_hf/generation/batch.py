@@ -27,7 +27,13 @@ One round, for all active rows at once:
    target context of plain rounds is kept and handed to the drafter at its next forward (lazily, as the bs=1
    generator's pending context), so a drafter that drafts again sees exactly what it would have seen.
    `speculation="always"` drafts every round (the plain fallback then only happens when M = 0 is chosen).
-6. Finished rows (EOS or `max_new_tokens`) leave the batch; with `continuous=True` waiting prompts take the free
+6. Hybrid proposals (`drafter.config.hybrid_lookup`, see `batch_proposals.py`): each row also looks its text up
+   with transformers' n-gram prompt lookup; a row with a match verifies the lookup continuation instead of its
+   drafted block when that promises at least as many accepted tokens (cut to the round's verify width), and the
+   switch gets a third arm, "lookup" rounds (no drafter forward; only rows with a match verify proposals).
+   OnlineSpec (`drafter.online_adapter`): after each speculative round, every row that verified drafted tokens
+   feeds the adapter one `RoundFeedback` (its block, its last `context_window` context states, raw target logits).
+7. Finished rows (EOS or `max_new_tokens`) leave the batch; with `continuous=True` waiting prompts take the free
    slots: they are prefilled together in a separate target forward and merged into the batch (`RaggedCache.merge`).
 
 Cache design (see `batch_state.py`): one transformers `DynamicCache` for the target and one `DFlashCache` for the
@@ -52,6 +58,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DFlashCache
 
+from .batch_proposals import RowLookup, online_feedback, pad_proposals
 from .batch_state import BatchState, BatchStats, MeasuredCost, RaggedCache, SpeculationSwitch
 
 
@@ -85,14 +92,21 @@ def batch_verify_lengths(survival: torch.Tensor, budgets: torch.Tensor, cost,
 
 
 def rejection_sample(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, lengths: torch.Tensor,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     generator: torch.Generator | None = None,
+                     one_hot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rejection sampling, independently per row.
 
     Args:
         p: `[b, M + 1, V]` target probabilities after the anchor and after each drafted token.
-        q: `[b, M, V]` drafter probabilities the drafts were sampled from (None when `M == 0`).
+        q: `[b, M, V]` drafter probabilities the drafts were sampled from; None when `M == 0` or when every row's
+            drafts are deterministic.
         drafts: `[b, M]` drafted tokens; row r only verifies its first `lengths[r]`.
         lengths: `[b]` verify lengths (`<= M`).
+        one_hot: `[b]` bool, rows whose drafts are deterministic proposals (n-gram lookup; default: every row when
+            `q` is None, none otherwise): their q is the one-hot of the drafted token, so a draft is accepted with
+            probability `p(d)` and after a rejection the token is drawn from `p` without `d`. That is the
+            distribution transformers' prompt-lookup path gets (no candidate logits: sample from `p` at every
+            position and keep drafts while they equal the sample), without materialising one-hot `[b, M, V]`.
     Returns:
         `(accepted [b], next_token [b])`: draft `k` is accepted with probability `min(1, p/q)` while all earlier
         ones were; at the first rejection the next token is drawn from `norm(max(0, p - q))`; if all `lengths[r]`
@@ -104,13 +118,21 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tens
     if m == 0:
         accepted = torch.zeros(b, dtype=torch.long, device=p.device)
         return accepted, torch.multinomial(p[:, 0], 1, generator=generator).squeeze(1)
+    if one_hot is None:
+        one_hot = torch.full((b,), q is None, dtype=torch.bool, device=p.device)
     p_d = p[:, :m].gather(-1, drafts[..., None]).squeeze(-1)
-    q_d = q.gather(-1, drafts[..., None]).squeeze(-1)
+    q_d = torch.ones_like(p_d) if q is None else q.gather(-1, drafts[..., None]).squeeze(-1)
+    q_d = torch.where(one_hot[:, None], torch.ones_like(q_d), q_d)
     u = torch.rand(b, m, device=p.device, generator=generator)
     ok = (u * q_d < p_d) & (torch.arange(m, device=p.device)[None, :] < lengths[:, None])
     accepted = ok.long().cumprod(dim=1).sum(dim=1)
     p_next = p[rows, accepted]  # [b, V]
-    residual = (p_next - q[rows, accepted.clamp(max=m - 1)]).clamp(min=0)
+    at = accepted.clamp(max=m - 1)
+    q_next = p_next.new_zeros(p_next.shape) if q is None else q[rows, at]
+    if one_hot.any():
+        point = p_next.new_zeros(p_next.shape).scatter_(1, drafts[rows, at][:, None], 1.0)
+        q_next = torch.where(one_hot[:, None], point, q_next)
+    residual = (p_next - q_next).clamp(min=0)
     mass = residual.sum(dim=-1, keepdim=True)
     rejected = (accepted < lengths)[:, None] & (mass > 0)
     dist = torch.where(rejected, residual / mass.clamp(min=torch.finfo(residual.dtype).tiny), p_next)
@@ -161,6 +183,7 @@ class AdaFlashBatchGenerator:
         self.stats = BatchStats()
         self.switch = SpeculationSwitch()
         self._active: BatchState | None = None
+        self._lookup = self._online = self._proposals = None
 
     @property
     def active_prompt_indices(self) -> list[int]:
@@ -198,6 +221,11 @@ class AdaFlashBatchGenerator:
         self.stats = stats = BatchStats.for_prompts(len(prompts))
         self.switch = switch = SpeculationSwitch()
         self._cost = None if self.cost_model is None else MeasuredCost(self.cost_model)
+        drafter = self.drafter
+        self._lookup = RowLookup(drafter.config, eos) if drafter is not None and getattr(
+            drafter.config, "hybrid_lookup", False) else None
+        self._online = getattr(drafter, "online_adapter", None) if drafter is not None else None
+        self._prompts, self._proposals = prompts, None
         self._outputs = outputs = [[] for _ in prompts]
         self._done = [False] * len(prompts)
         if max_new_tokens <= 0 or not prompts:
@@ -252,7 +280,10 @@ class AdaFlashBatchGenerator:
             dmask = torch.zeros(b, 0, dtype=torch.bool, device=self.drafter_param.device)
             batch.drafter = RaggedCache(DFlashCache(config=self.drafter.config), dmask)
             batch.drafter.check_layers()
-            batch.add_context(self._context(out.hidden_states), mask, pos)
+            ctx = self._context(out.hidden_states)
+            if self._online is not None:  # the window each row's drafting forward is replayed on
+                batch.start_window(self._online.config.context_window, ctx.shape[-1], ctx.dtype, ctx.device)
+            batch.add_context(ctx, mask, pos)
         self.stats.prefill_forwards += 1
         self.stats.seconds["prefill"] += self._clock() - start
         for r, token in enumerate(first.tolist()):
@@ -263,18 +294,30 @@ class AdaFlashBatchGenerator:
     # ------------------------------------------------------------------ one round
 
     def _arm(self, batch: BatchState) -> str | None:
-        """`"draft"` / `"plain"` for this round, or None when there is no choice (no drafter, or no row may draft)."""
+        """`"draft"` / `"lookup"` / `"plain"` for this round, or None when there is no choice (no drafter, or no row
+        may draft). With hybrid lookup, also finds each row's lookup proposal (`self._proposals`)."""
         if self.drafter is None:
             return None
-        top = max(self._cfg["max_new"] - len(self._outputs[i]) for i in batch.prompt_idx) - 1
-        if top <= 0:
+        self._proposals = None
+        caps = [self._cfg["max_new"] - len(self._outputs[i]) - 1 for i in batch.prompt_idx]
+        if max(caps) <= 0:
             return None
-        return "draft" if self.speculation == "always" else self.switch.choose()
+        if self._lookup is not None:
+            start = time.perf_counter()
+            self._proposals = self._lookup.propose([self._prompts[i] + self._outputs[i] for i in batch.prompt_idx],
+                                                   caps)
+            self.stats.seconds["lookup"] += time.perf_counter() - start
+        if self.speculation == "always":
+            return "draft"
+        if self._lookup is None:
+            return self.switch.choose()
+        return self.switch.choose(("draft", "lookup", "plain") if any(self._proposals) else ("draft", "plain"))
 
     def _round(self, batch: BatchState, arm: str | None) -> tuple[str | None, int]:
         """Draft (one drafter forward), choose lengths, verify (one target forward), accept, commit.
 
-        `arm == "draft"` speculates; otherwise the round is plain (one token per row, no drafter forward).
+        `arm == "draft"` speculates (rows may swap in their lookup proposal), `"lookup"` verifies the rows' n-gram
+        lookup proposals (no drafter forward); otherwise the round is plain (one token per row, no drafter forward).
         Returns `(arm, tokens committed by all rows)`.
         """
         cfg, stats = self._cfg, self.stats
@@ -283,7 +326,8 @@ class AdaFlashBatchGenerator:
         device = self.device
         drafts = torch.zeros(b, 0, dtype=torch.long, device=device)
         lengths = torch.zeros(b, dtype=torch.long, device=device)
-        q = None
+        q = one_hot = None  # one_hot: rows whose drafts are deterministic (lookup proposals)
+        sources = ["none"] * b
         if arm == "draft":
             remaining = torch.tensor([cfg["max_new"] - len(self._outputs[i]) for i in batch.prompt_idx])
             budget = (remaining - 1).clamp(min=0, max=self.block_size - 1).to(device)
@@ -294,6 +338,14 @@ class AdaFlashBatchGenerator:
             lengths = self._lengths(states, logits, budget, t0)
             stats.seconds["length"] += self._clock() - t1
             drafts, q = self._pick_drafts(logits[:, : int(lengths.max())], vocab_ids)
+            sources = ["drafter" if n else "none" for n in lengths.tolist()]
+            if self._proposals is not None:
+                drafts, lengths, one_hot = self._lookup.substitute(batch.prompt_idx, self._proposals, drafts,
+                                                                   lengths, sources)
+        elif arm == "lookup":
+            stats.lookup_rounds += 1
+            drafts, lengths = pad_proposals(self._proposals, device)
+            sources = ["lookup" if p else "none" for p in self._proposals]
         else:
             stats.plain_rounds += 1
 
@@ -316,13 +368,21 @@ class AdaFlashBatchGenerator:
             next_tok = self._choose(logits[:, 0].float())
         elif cfg["sample"]:
             p = torch.softmax(logits.float() / cfg["temperature"], dim=-1)
-            accepted, next_tok = rejection_sample(p, q, drafts, lengths, cfg["generator"])
+            accepted, next_tok = rejection_sample(p, q, drafts, lengths, cfg["generator"], one_hot)
         else:
             target_tok = logits.argmax(dim=-1)  # [b, m + 1]
             match = (drafts == target_tok[:, :m]) & (j[None, :m] < lengths[:, None])
             accepted = match.long().cumprod(dim=1).sum(dim=1)
             next_tok = target_tok.gather(1, accepted[:, None]).squeeze(1)
         batch.target.append(j[None, :] <= accepted[:, None])
+        accepted_list, lengths_list = accepted.tolist(), lengths.tolist()
+        if self._lookup is not None:
+            self._lookup.record(batch.prompt_idx, sources, accepted_list)
+        if self._online is not None and arm == "draft":  # before add_context: each row's window ends at its anchor
+            t_online = self._clock()
+            online_feedback(self._online, self.drafter, self.lm_head, batch, self._noise, logits, lengths_list,
+                            accepted_list, sources)
+            stats.seconds["online"] += self._clock() - t_online
         if self.drafter is not None:
             keep = int(accepted.max()) + 1
             ctx_mask = (j[None, :keep] <= accepted[:, None]).to(batch.drafter.mask.device)
@@ -334,17 +394,12 @@ class AdaFlashBatchGenerator:
         stats.batch_sizes.append(b)
         stats.verify_widths.append(m + 1)
         committed = 0
-        if m == 0:
-            for i, token in zip(batch.prompt_idx, next_tok.tolist()):
-                stats.verified[i].append(0)
-                stats.accepted[i].append(0)
-                committed += self._commit(i, [token])
-        else:
-            rows = zip(batch.prompt_idx, drafts.tolist(), accepted.tolist(), next_tok.tolist(), lengths.tolist())
-            for i, row_drafts, a, token, length in rows:
-                stats.verified[i].append(length)
-                stats.accepted[i].append(a)
-                committed += self._commit(i, row_drafts[:a] + [token])
+        rows = zip(batch.prompt_idx, drafts.tolist(), accepted_list, next_tok.tolist(), lengths_list, sources)
+        for i, row_drafts, a, token, length, source in rows:
+            stats.verified[i].append(length)
+            stats.accepted[i].append(a)
+            stats.sources[i].append(source)
+            committed += self._commit(i, row_drafts[:a] + [token])
         stats.seconds["accept"] += self._clock() - t3
         return arm, committed
 
@@ -369,6 +424,7 @@ class AdaFlashBatchGenerator:
             torch.cat([ctx_mask, torch.ones(b, block, dtype=torch.bool, device=dev)], dim=1)
         )
         context = ctx.to(device=dev, dtype=dtype).masked_fill(~ctx_mask[..., None], 0.0) if ctx.shape[1] else None
+        self._noise = noise  # the rows' block queries, for OnlineSpec feedback
         out = self.drafter(noise_embeds=noise, context_hidden_states=context, attention_mask=attention_mask,
                            position_ids=position_ids, cache=batch.drafter.cache)
         batch.drafter.crop(block)  # the block's keys/values: only the context stays cached

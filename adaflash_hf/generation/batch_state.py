@@ -169,7 +169,10 @@ class BatchStats:
 
     `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards + draft logits),
     `length` (length head + cost model), `verify` (target verification forwards, plain rounds included), `accept`
-    (acceptance and bookkeeping, incl. cache compaction) and `total`.
+    (acceptance and bookkeeping, incl. cache compaction), `lookup` (n-gram lookup of the hybrid proposals), `online`
+    (OnlineSpec updates) and `total`.
+    `sources` (per prompt, per round): what the row verified, `"drafter"`, `"lookup"` or `"none"`.
+    Every round is a speculative round (`drafter_forwards`), a `lookup_rounds` or a `plain_rounds` one.
     """
 
     rounds: int = 0
@@ -181,15 +184,17 @@ class BatchStats:
     verified: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens verified per round
     accepted: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens accepted per round
     committed: list[list[int]] = field(default_factory=list)  # per prompt: new tokens per round (prefill first)
+    sources: list[list[str]] = field(default_factory=list)  # per prompt: "drafter" / "lookup" / "none" per round
     compactions: int = 0
     plain_rounds: int = 0  # rounds without a drafter forward (the switch chose plain decoding, or no budget left)
-    seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("prefill", "draft", "length", "verify", "accept", "total"), 0.0)
-    )
+    lookup_rounds: int = 0  # rounds without a drafter forward that verified n-gram lookup proposals (hybrid)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("prefill", "draft", "length", "verify", "accept", "lookup", "online", "total"), 0.0))
 
     @classmethod
     def for_prompts(cls, n: int) -> "BatchStats":
-        return cls(verified=[[] for _ in range(n)], accepted=[[] for _ in range(n)], committed=[[] for _ in range(n)])
+        return cls(verified=[[] for _ in range(n)], accepted=[[] for _ in range(n)], committed=[[] for _ in range(n)],
+                   sources=[[] for _ in range(n)])
 
     @property
     def tokens_verified(self) -> int:
@@ -241,6 +246,9 @@ class SpeculationSwitch:
     and the first speculative round also feeds the drafter the whole prompt context, which would otherwise make
     speculation look worse than it is for many rounds.
 
+    A third arm, "lookup" (verify n-gram lookup proposals, no drafter forward), is offered by the hybrid engine in the
+    rounds where some row has a lookup match (`choose(options)`).
+
     Nothing here changes the output: plain rounds verify no drafts, and the drafter's context is caught up lazily
     (the target context of plain rounds waits in `BatchState.ctx` until the next drafter forward).
     """
@@ -253,21 +261,24 @@ class SpeculationSwitch:
     arms: dict = field(default_factory=lambda: {"draft": _Rate(), "plain": _Rate()})
     _exploring: str | None = None
 
-    def choose(self) -> str:
+    def choose(self, options: tuple[str, ...] | None = None) -> str:
+        """The arm of this round among `options` (default: every known arm; new names are added, e.g. "lookup")."""
         self.round += 1
         self._exploring = None
-        for name, arm in self.arms.items():
-            if arm.count == 0:
+        names = list(self.arms) if options is None else list(options)
+        for name in names:
+            if self.arms.setdefault(name, _Rate()).count == 0:
                 return name
-        best = max(self.arms, key=lambda a: self.arms[a].score())
-        for name, arm in self.arms.items():
+        best = max(names, key=lambda a: self.arms[a].score())
+        for name in names:
+            arm = self.arms[name]
             if name != best and self.round - arm.last_round > (arm.interval or self.explore_every):
                 self._exploring = name
                 return name
         return best
 
     def record(self, arm: str, tokens: int, seconds: float) -> None:
-        est = self.arms[arm]
+        est = self.arms.setdefault(arm, _Rate())
         if est.count < self.warmup or self._exploring == arm:  # first rounds, or a retry after a gap: fresh estimate
             est.tokens, est.seconds = float(tokens), float(seconds)
         else:
@@ -317,7 +328,10 @@ class MeasuredCost:
 class BatchState:
     """The active rows. `last_tok [b]`: last committed token (not yet in the target cache), at position
     `next_pos [b]` (= the row's valid target-cache slots). `ctx [b, n, F]` / `ctx_mask [b, n]` / `ctx_pos [b, n]`:
-    target context (hidden states at `target_layer_ids`) not yet seen by the drafter, padded per row."""
+    target context (hidden states at `target_layer_ids`) not yet seen by the drafter, padded per row.
+    `win [b, W, F]` / `win_mask [b, W]` / `win_pos [b, W]` (only with an OnlineSpec adapter, else None): each row's
+    last `W` context states (all tokens the target has processed and kept, seen by the drafter or not), right-aligned
+    with their true positions: the window the adapter replays a row's drafting forward on."""
 
     prompt_idx: list[int]
     last_tok: torch.Tensor
@@ -327,13 +341,35 @@ class BatchState:
     ctx: torch.Tensor | None = None
     ctx_mask: torch.Tensor | None = None
     ctx_pos: torch.Tensor | None = None
+    win: torch.Tensor | None = None
+    win_mask: torch.Tensor | None = None
+    win_pos: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return len(self.prompt_idx)
 
+    def start_window(self, width: int, features: int, dtype, device) -> None:
+        """Keep a rolling window of the last `width` context states per row (OnlineSpec), empty for now."""
+        b = self.size
+        self.win = torch.zeros(b, width, features, dtype=dtype, device=device)
+        self.win_mask = torch.zeros(b, width, dtype=torch.bool, device=device)
+        self.win_pos = torch.zeros(b, width, dtype=torch.long, device=device)
+
+    def _roll_window(self, ctx, mask, pos) -> None:
+        width = self.win.shape[1]
+        states = torch.cat([self.win, ctx.to(self.win.dtype)], dim=1)
+        valid = torch.cat([self.win_mask, mask], dim=1)
+        positions = torch.cat([self.win_pos, pos], dim=1)
+        # A stable sort of the validity puts each row's valid states last, in order: keep the last `width` of them.
+        order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, -width:]
+        self.win = states.gather(1, order[..., None].expand(-1, -1, states.shape[2]))
+        self.win_mask, self.win_pos = valid.gather(1, order), positions.gather(1, order)
+
     def add_context(self, ctx, mask, pos) -> None:
         mask, pos = mask.to(device=ctx.device, dtype=torch.bool), pos.to(ctx.device)
+        if self.win is not None:
+            self._roll_window(ctx, mask, pos)
         if self.ctx is None:
             self.ctx, self.ctx_mask, self.ctx_pos = ctx, mask, pos
         else:  # the drafter skipped a round: keep everything it has not seen
@@ -351,6 +387,9 @@ class BatchState:
         if self.ctx is not None:
             i = index.to(self.ctx.device)
             self.ctx, self.ctx_mask, self.ctx_pos = self.ctx[i], self.ctx_mask[i], self.ctx_pos[i]
+        if self.win is not None:
+            i = index.to(self.win.device)
+            self.win, self.win_mask, self.win_pos = self.win[i], self.win_mask[i], self.win_pos[i]
 
     def merge(self, other: "BatchState") -> "BatchState":
         if other.size == 0:
@@ -360,6 +399,9 @@ class BatchState:
         if self.ctx is not None or other.ctx is not None:
             ours, theirs = _pad_context(self, other), _pad_context(other, self)
             self.ctx, self.ctx_mask, self.ctx_pos = (torch.cat([x, y.to(x.device)]) for x, y in zip(ours, theirs))
+        if self.win is not None:  # both batches keep windows of the same width (one generator, one adapter)
+            self.win, self.win_mask, self.win_pos = (torch.cat([x, y.to(x.device)]) for x, y in zip(
+                (self.win, self.win_mask, self.win_pos), (other.win, other.win_mask, other.win_pos)))
         self.prompt_idx = self.prompt_idx + other.prompt_idx
         self.last_tok = torch.cat([self.last_tok, other.last_tok])
         self.next_pos = torch.cat([self.next_pos, other.next_pos])

@@ -1,0 +1,208 @@
+"""Batched engine: hybrid n-gram lookup proposals per row and OnlineSpec feedback (`generation/batch_proposals.py`)."""
+
+import pytest
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.generation import batch as batch_module
+from adaflash_hf.generation.batch import AdaFlashBatchGenerator, generate_batch, rejection_sample
+from adaflash_hf.generation.batch_proposals import RowLookup
+from adaflash_hf.generation.batch_state import SpeculationSwitch
+from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig
+
+from .conftest import VOCAB, make_tiny_target
+from .test_batch import _prompts, _reference
+
+
+def _drafter(target, hybrid=True, block_size=4, seed=1, **overrides):
+    torch.manual_seed(seed)
+    return AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, hybrid_lookup=hybrid,
+                                            allow_no_draft=False, **overrides).eval()
+
+
+def _mixed_prompts(n, seed, vocab=VOCAB):
+    """Random prompts of mixed lengths, half of them repeating a short phrase (n-gram lookup finds matches)."""
+    prompts = _prompts(n, seed=seed, vocab=vocab)
+    g = torch.Generator().manual_seed(seed + 100)
+    for r in range(0, n, 2):
+        phrase = torch.randint(0, vocab, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
+        prompts[r] = (phrase * 6)[: 4 + 3 * r]
+    return prompts
+
+
+def _lookup_stats(stats):
+    pairs = [(a, v) for srcs, acc, ver in zip(stats.sources, stats.accepted, stats.verified)
+             for s, a, v in zip(srcs, acc, ver) if s == "lookup"]
+    return sum(a for a, _ in pairs), sum(v for _, v in pairs)
+
+
+# ---------------------------------------------------------------------------------------------------- lookup
+
+
+def test_row_lookup_reuses_transformers_matcher_and_caps():
+    drafter_config = _drafter(make_tiny_target(), hybrid=True).config
+    lookup = RowLookup(drafter_config, eos={7})
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # "1 2" was followed by "3 4 5 6", then EOS 7
+    assert lookup.propose([text, text, [9, 8], [9, 9], [4]], [10, 2, 5, 5, 5]) == [[3, 4, 5, 6], [3, 4], [], [9], []]
+    # Untried arms: the proposal lengths decide; afterwards the per-row averages of accepted tokens.
+    assert lookup.use_lookup(0, 3, 3) and not lookup.use_lookup(0, 2, 3) and not lookup.use_lookup(0, 0, 0)
+    lookup.record([0, 1], ["lookup", "drafter"], [0, 3])
+    assert not lookup.use_lookup(0, 3, 1)  # row 0: lookup accepted nothing, the drafter's batch average is 3
+    lookup.record([0], ["drafter"], [0])
+    assert lookup.use_lookup(0, 3, 3)  # row 0's own drafter average (0) now beats the batch's
+
+
+def test_rejection_sample_one_hot_rows_follow_p():
+    torch.manual_seed(0)
+    n, v = 40000, 5
+    p = torch.softmax(torch.randn(1, 3, v) * 1.5, dim=-1).expand(n, 3, v)
+    drafts = torch.tensor([[int(p[0, 0].argmax()), 1]]).expand(n, 2)
+    accepted, nxt = rejection_sample(p, None, drafts, torch.full((n,), 2))  # q=None: every row deterministic
+    first = torch.where(accepted > 0, drafts[:, 0], nxt)
+    assert 0.5 * (torch.bincount(first, minlength=v).float() / n - p[0, 0]).abs().sum() < 0.02
+    assert abs(accepted.gt(0).float().mean() - p[0, 0, drafts[0, 0]]) < 0.02  # accepted with probability p(d)
+    # q=None equals an explicit one-hot q, and a one_hot row mask overrides the drafter's q for those rows.
+    point = torch.nn.functional.one_hot(drafts, v).float()
+    g = [torch.Generator().manual_seed(3) for _ in range(3)]
+    a1, t1 = rejection_sample(p, None, drafts, torch.full((n,), 2), g[0])
+    a2, t2 = rejection_sample(p, point, drafts, torch.full((n,), 2), g[1])
+    a3, t3 = rejection_sample(p, torch.rand(n, 2, v).softmax(-1), drafts, torch.full((n,), 2), g[2],
+                              one_hot=torch.ones(n, dtype=torch.bool))
+    assert torch.equal(a1, a2) and torch.equal(t1, t2) and torch.equal(a1, a3) and torch.equal(t1, t3)
+
+
+@pytest.mark.parametrize("speculation", ["auto", "always"])
+def test_hybrid_greedy_rows_equal_bs1_generate(speculation):
+    target = make_tiny_target(seed=21)
+    prompts = _mixed_prompts(8, seed=21)
+    max_new = 24
+    out, stats = generate_batch(target, _drafter(target, block_size=5), prompts, max_new, return_stats=True,
+                                speculation=speculation)
+    assert out == [_reference(target, p, max_new) for p in prompts]
+    accepted, verified = _lookup_stats(stats)
+    assert accepted > 0 and verified > 0  # rows verified (and the target accepted) lookup continuations
+    assert {s for row in stats.sources for s in row} <= {"drafter", "lookup", "none"}
+    assert stats.drafter_forwards + stats.plain_rounds + stats.lookup_rounds == stats.rounds
+    if speculation == "always":
+        assert stats.lookup_rounds == 0 and max(stats.verify_widths) <= 5  # lookup never widens the block
+    else:
+        assert stats.lookup_rounds > 0  # the switch tried lookup-only rounds
+
+
+def test_hybrid_off_keeps_the_drafter_only_engine():
+    target = make_tiny_target(seed=22)
+    prompts = _mixed_prompts(6, seed=22)
+    out, stats = generate_batch(target, _drafter(target, hybrid=False), prompts, 16, return_stats=True,
+                                speculation="auto")
+    assert out == [_reference(target, p, 16) for p in prompts]
+    assert stats.lookup_rounds == 0 and "lookup" not in {s for row in stats.sources for s in row}
+
+
+def test_lookup_is_cut_to_the_verify_width_of_speculative_rounds():
+    target = make_tiny_target(seed=23)
+    prompts = _mixed_prompts(6, seed=23)
+    runner = AdaFlashBatchGenerator(target, _drafter(target, block_size=8), fixed_length=2, speculation="always")
+    assert runner.generate(prompts, 20) == [_reference(target, p, 20) for p in prompts]
+    assert _lookup_stats(runner.stats)[1] > 0
+    assert max(v for row in runner.stats.verified for v in row) <= 2 and max(runner.stats.verify_widths) == 3
+
+
+class _LookupFirstSwitch(SpeculationSwitch):
+    """Alternates lookup rounds (when offered) and speculative rounds."""
+
+    def choose(self, options=None):
+        self.round += 1
+        return "lookup" if options and "lookup" in options and self.round % 2 else "draft"
+
+
+@pytest.mark.parametrize("mode", ["lookup_rounds", "in_speculative_rounds"])
+def test_hybrid_sampling_matches_target_distribution(monkeypatch, mode):
+    target = make_tiny_target(seed=11, vocab_size=8, hidden_size=32, num_layers=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.4)
+    if mode == "lookup_rounds":  # lookup-only rounds (q=None) alternate with speculative rounds
+        monkeypatch.setattr(batch_module, "SpeculationSwitch", _LookupFirstSwitch)
+    else:  # every row with a match swaps its lookup continuation into a speculative round (mixed q / one-hot rows)
+        monkeypatch.setattr(RowLookup, "use_lookup", lambda self, i, k, d: k > 0 and i % 2 == 0)
+    prompt, n, new = [5, 1, 2, 5, 1, 2, 5, 1], 600, 5
+    torch.manual_seed(0)
+    out, stats = generate_batch(target, _drafter(target, block_size=4, seed=2), [prompt] * n, new, do_sample=True,
+                                return_stats=True, speculation="auto" if mode == "lookup_rounds" else "always")
+    accepted, verified = _lookup_stats(stats)
+    assert 0 < accepted < verified  # lookup drafts accepted and rejected
+    assert (stats.lookup_rounds > 0) == (mode == "lookup_rounds")
+    if mode == "in_speculative_rounds":
+        assert any(s == "drafter" for row in stats.sources for s in row)
+    torch.manual_seed(1)
+    plain = target.generate(torch.tensor([prompt] * n), max_new_tokens=new, do_sample=True, temperature=1.0,
+                            top_k=0, top_p=1.0)[:, len(prompt):]
+    for pos in range(1, new):
+        ours = torch.bincount(torch.tensor([o[pos] for o in out]), minlength=8).float() / n
+        theirs = torch.bincount(plain[:, pos], minlength=8).float() / n
+        assert 0.5 * (ours - theirs).abs().sum() < 0.12, f"position {pos}"
+
+
+# ---------------------------------------------------------------------------------------------------- OnlineSpec
+
+
+def test_online_feedback_replays_each_rows_batched_draft(monkeypatch):
+    """Each row's feedback (window, positions, block queries) reproduces the row's block from the batched forward,
+    and its raw target logits are the target's at the drafted positions."""
+    target = make_tiny_target(seed=24)
+    drafter = _drafter(target, hybrid=True, block_size=4, seed=24)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(context_window=512))
+    feedbacks = []
+    monkeypatch.setattr(adapter, "observe", lambda fb, lm_head: feedbacks.append(fb))
+    prompts = _mixed_prompts(6, seed=24)
+    runner = AdaFlashBatchGenerator(target, drafter, speculation="always")
+    drafted, draft = [], runner._draft
+
+    def recording(batch):
+        states = draft(batch)
+        drafted.extend((i, int(pos), states[r]) for r, (i, pos) in enumerate(zip(batch.prompt_idx, batch.next_pos)))
+        return states
+
+    runner._draft = recording
+    max_new = 18
+    out = runner.generate(prompts, max_new)
+    references = [p + _reference(target, p, max_new + 4) for p in prompts]
+    assert out == [r[len(p): len(p) + max_new] for r, p in zip(references, prompts)]
+    stats = runner.stats
+    expected = sum(s == "drafter" and v > 0 for srcs, ver in zip(stats.sources, stats.verified)
+                   for s, v in zip(srcs, ver))
+    assert len(feedbacks) == expected > 0 and "lookup" in {s for row in stats.sources for s in row}
+    for fb in feedbacks:
+        anchor = int(fb.position_ids[0, fb.context.shape[1]])
+        assert torch.equal(fb.position_ids[0], torch.arange(anchor + 4))  # the whole context, true positions
+        with torch.no_grad():
+            replay = drafter(noise_embeds=fb.noise_embeds, context_hidden_states=fb.context,
+                             position_ids=fb.position_ids).last_hidden_state[0]
+        rows = [i for i, pos, states in drafted if pos == anchor and torch.allclose(states, replay, atol=1e-4)]
+        assert len(rows) >= 1
+        ref, a = references[rows[0]], fb.num_accepted
+        # Up to the first rejection the target's greedy tokens are the reference continuation.
+        assert fb.target_tokens[: a + 1].tolist() == ref[anchor + 1 : anchor + 2 + a][: fb.num_drafted]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid):
+    target = make_tiny_target(seed=25)
+    drafter = _drafter(target, hybrid=hybrid, block_size=4, seed=25)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01, context_window=6))
+    lora_b = [m.lora_B["online"].weight for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+    snapshots, rounds = [], []
+    for call in range(2):
+        prompts = _mixed_prompts(5, seed=25 + call)
+        out, stats = generate_batch(target, drafter, prompts, 16, return_stats=True, speculation="always",
+                                    max_batch_size=3, continuous=True)
+        assert out == [_reference(target, p, 16) for p in prompts], f"call {call}: the adapter changed the output"
+        drafted = sum(s == "drafter" and v > 0 for srcs, ver in zip(stats.sources, stats.verified)
+                      for s, v in zip(srcs, ver))
+        rounds.append(adapter.stats.rounds)
+        assert rounds[-1] - (rounds[-2] if call else 0) == drafted > 0
+        snapshots.append([b.detach().clone() for b in lora_b])
+        assert stats.seconds["online"] > 0
+    assert adapter.stats.updates == adapter.stats.rounds
+    assert any(b.abs().sum() > 0 for b in snapshots[0])  # learned during the first call
+    assert any(not torch.equal(x, y) for x, y in zip(*snapshots))  # and kept learning from that state

@@ -73,7 +73,8 @@ def test_concurrency_bench_schema_and_losslessness(tmp_path):
                              progress=False)
     assert set(result["concurrency"]) == {"1", "4"}
     for level in ("1", "4"):
-        assert set(result["concurrency"][level]) == {"plain_batched", "fixed_block", "adaptive"}
+        assert set(result["concurrency"][level]) == {"plain_batched", "fixed_block", "fixed_block_auto", "adaptive",
+                                                     "hybrid"}
         for method, detail in result["detail"][level].items():
             assert detail["identical"] == detail["total"] == int(level), (level, method)
     assert result["detail"]["4"]["fixed_block"]["verified_per_committed"] > 0

@@ -52,8 +52,11 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     head = length_head or getattr(drafter, "length_head", None)
     cost = cost_model or getattr(drafter, "cost_model", None)
+    # fixed_block / fixed_block_auto / adaptive: the block drafter alone (lookup off), so the length choice is what
+    # differs; hybrid: the engine's defaults (per-row prompt lookup + drafter, head if any, plain-round fallback).
     methods = ["plain_batched", "fixed_block", "fixed_block_auto"]
     methods += ["adaptive"] if head is not None and cost is not None else []
+    methods += ["hybrid"]
     references: dict[int, list[int]] = {}
 
     def reference(i):  # bs=1 plain greedy: the lossless reference of prompt i
@@ -75,13 +78,17 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
             if method == "plain_batched":
                 rows, stats = _plain_batched(target, prompts, max_new_tokens, pad_id), None
             else:
-                rows, stats = generate_batch(
-                    target, drafter, prompts, max_new_tokens, return_stats=True,
-                    length_head=head if method == "adaptive" else None,
-                    cost_model=cost if method == "adaptive" else None,
-                    fixed_length=None if method == "adaptive" else drafter.config.block_size - 1,
-                    speculation="always" if method == "fixed_block" else "auto",
-                )
+                adaptive = method == "adaptive" or (method == "hybrid" and head is not None and cost is not None)
+                saved, drafter.config.hybrid_lookup = drafter.config.hybrid_lookup, method == "hybrid"
+                try:
+                    rows, stats = generate_batch(
+                        target, drafter, prompts, max_new_tokens, return_stats=True,
+                        length_head=head if adaptive else None, cost_model=cost if adaptive else None,
+                        fixed_length=None if adaptive else drafter.config.block_size - 1,
+                        speculation="always" if method == "fixed_block" else "auto",
+                    )
+                finally:
+                    drafter.config.hybrid_lookup = saved
             seconds = time.perf_counter() - start
             new_tokens = sum(len(r) for r in rows)
             detail = {"tokens_per_s": new_tokens / seconds, "new_tokens": new_tokens, "seconds": seconds,

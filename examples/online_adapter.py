@@ -34,6 +34,10 @@ def main(argv=None) -> int:
     parser.add_argument("--loss", default="ce", choices=["ce", "reverse_kl"])
     parser.add_argument("--lora_r", type=int, default=8)
     parser.add_argument("--update_every", type=int, default=1)
+    parser.add_argument("--hybrid", action="store_true",
+                        help="keep the default per-round choice of drafter / prompt lookup / no draft (the adapter "
+                             "then learns only in drafter rounds); by default every round drafts, so every round "
+                             "teaches the adapter")
     parser.add_argument("--resume", type=Path, default=None, help="continue from a saved adapter folder")
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument("--save_every", type=int, default=8, help="save the adapter every N prompts")
@@ -45,6 +49,8 @@ def main(argv=None) -> int:
     from adaflash_hf.training.data import encode_prompt
 
     target, tokenizer, drafter = load_models(args.target, args.drafter, torch.float32)
+    if not args.hybrid:
+        drafter.config.hybrid_lookup = drafter.config.allow_no_draft = False
     if args.resume:
         adapter = OnlineSpecAdapter.from_pretrained(drafter, args.resume)
     else:

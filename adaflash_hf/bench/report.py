@@ -364,8 +364,10 @@ def section_a(args, cfg, models) -> dict:
     if not (opd / "config.json").is_file():
         return _not_available(f"no OPD drafter at {opd} (no config.json): train one with examples/train_opd.py "
                               "and commit it there, or pass --opd-drafter PATH")
-    ns = argparse.Namespace(drafters=f"{offline},{opd}", labels="offline,opd", prompts=None, dtype="float32",
-                            quiet=True, **cfg)
+    drafters, labels = f"{offline},{opd}", "offline,opd"
+    if args.control_drafter:  # offline-only training for the same extra compute: is OPD's gain just more training?
+        drafters, labels = f"{drafters},{args.control_drafter}", f"{labels},offline_control"
+    ns = argparse.Namespace(drafters=drafters, labels=labels, prompts=None, dtype="float32", quiet=True, **cfg)
     return {"status": "ok", "data": run_compare(ns),
             "config": {"offline drafter": offline.name, "OPD drafter": str(opd), "prompts per domain": cfg["max_prompts"],
                        "max new tokens": cfg["max_new_tokens"], "dtype": "float32",
@@ -462,6 +464,9 @@ def command_line(args) -> str:
         parts += ["--sections", ",".join(args.sections)]
     if args.seed:
         parts += ["--seed", str(args.seed)]
+    for flag in ("opd_drafter", "control_drafter", "length_head"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     return " ".join(parts)
 
 
@@ -513,6 +518,8 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", type=_sections_arg, default=SECTIONS, help="subset of a,b,c,d (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--opd-drafter", default=None, help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+    p.add_argument("--control-drafter", default=None,
+                   help="offline drafter trained for the same extra compute as OPD; added to section (a)")
     p.add_argument("--length-head", default=None,
                    help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
     p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")

@@ -263,6 +263,9 @@ def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algori
         rounds.append(adapter.stats.rounds)
     assert rounds == sorted(rounds) and rounds[-1] > rounds[0] > 0  # one learner over all calls
     assert adapter.stats.updates == adapter.stats.rounds
+    for name in adapter.config.adapter_names:  # the updates reached the LoRA weights (the 0-lr member excepted)
+        moved = any(b.abs().sum() > 0 for b in adapter._params(name)[1::2])
+        assert moved == (adapter.learners[name].lr > 0), name
     result = regret(adapter, target.lm_head, epochs=2)
     assert result["rounds"] == adapter.stats.rounds
     assert result["best_fixed"] <= result["static"]

@@ -359,9 +359,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
 
         noise_embeds, window, positions, draft_logits = round_data
         n = raw_logits.shape[0]
+        if draft_logits is not None:
+            with torch.enable_grad():  # a view taken under no_grad would drop the autograd graph
+                draft_logits = draft_logits[0, :n]
         feedback = RoundFeedback.from_round(self.assistant_model, noise_embeds, window, positions,
-                                            raw_logits.to(self.device), num_accepted,
-                                            draft_logits=None if draft_logits is None else draft_logits[0, :n])
+                                            raw_logits.to(self.device), num_accepted, draft_logits=draft_logits)
         self.online.observe(feedback, self.main_model_output_embeddings)
 
 

@@ -253,8 +253,8 @@ class OnlineSpecAdapter:
                 feedback = RoundFeedback(*(t.clone() for t in (feedback.noise_embeds, feedback.context,
                                                                 feedback.position_ids, feedback.target_logits,
                                                                 feedback.target_tokens)), feedback.num_accepted)
-            elif feedback.draft_logits is not None and not feedback.draft_logits.requires_grad:
-                feedback.draft_logits = None
+            elif feedback.draft_logits is not None and feedback.draft_logits.grad_fn is None:
+                feedback.draft_logits = None  # no graph to learn through: replay the round instead
             return self._observe(feedback, lm_head)
 
     def _observe(self, feedback: RoundFeedback, lm_head) -> dict:

@@ -3,6 +3,7 @@
     python examples/generate.py                       # shipped default drafter, 4 held-out prompts
     python examples/generate.py --drafter PATH        # any saved AdaFlash drafter
     python examples/generate.py --dtype bfloat16 --max-new-tokens 128
+    python examples/generate.py --no-length-head      # verify whole blocks (no adaptive length)
 
 For each prompt it prints the speculative text, tokens/s of both runs, tau (tokens committed per target
 verification forward) and whether the outputs are identical token for token.
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-prompts", type=int, default=4, help="held-out prompts, spread over the domains")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--no-length-head", action="store_true",
+                        help="do not attach the shipped length head (attached by default with the shipped drafter)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
@@ -43,6 +46,7 @@ def main() -> None:
     if path is not None:
         drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=dtype).eval()
         print(f"drafter: {path} ({sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M params)")
+        _attach_shipped_head(drafter, path, dtype, enabled=not args.no_length_head)
     else:
         drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=8, tokenizer=tokenizer).eval()
         print("drafter: UNTRAINED (no trained drafter found) - it accepts almost nothing, so expect no speed-up")
@@ -76,6 +80,19 @@ def main() -> None:
     spec_rate = totals["speculative"][0] / totals["speculative"][1]
     print(f"overall: plain {plain_rate:.1f} tok/s, speculative {spec_rate:.1f} tok/s, "
           f"speed-up {spec_rate / plain_rate:.2f}x ({args.dtype}, {torch.get_num_threads()} threads)")
+
+
+def _attach_shipped_head(drafter, path, dtype, enabled: bool) -> None:
+    """The shipped length head + cost model belong to the shipped default drafter: attach them to it only."""
+    from adaflash_hf.checkpoints import OFFLINE_DRAFTER, length_head_dir
+    from adaflash_hf.interop import load_length_head_folder
+
+    head_dir = length_head_dir()
+    if not enabled or head_dir is None or Path(path).resolve().name != OFFLINE_DRAFTER:
+        return
+    head, cost = load_length_head_folder(head_dir)
+    drafter.attach_length_head(head.to(dtype), cost)
+    print(f"length head: {head_dir.name} (verifies only the part of each block likely to be accepted)")
 
 
 def _spread(records, n):

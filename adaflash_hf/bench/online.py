@@ -139,16 +139,18 @@ def plot_online(result: dict, path) -> None:
     for name, e in result["algorithms"].items():
         series = e["tau_over_time"]
         smooth = [sum(series[max(0, i - 1) : i + 2]) / len(series[max(0, i - 1) : i + 2]) for i in range(len(series))]
-        ax.plot(range(1, len(series) + 1), smooth, marker=".", label=name)
-    domains = next(iter(result["algorithms"].values()))["domains_over_time"]
-    for i in range(1, len(domains)):
+        ax.plot(range(1, len(series) + 1), smooth, marker=".", label=f"{name} (tau {e['tau']:.2f})")
+    domains = next(iter(result["algorithms"].values())).get("domains_over_time", [])
+    for i in range(1, len(domains)):  # where the stream switches domain
         if domains[i] != domains[i - 1]:
             ax.axvline(i + 0.5, color="grey", lw=0.6, ls=":")
-    ax.set_xlabel("prompt in the stream (domains: " + " -> ".join(result["stream"]["domains"]) + ")")
+    order = result.get("stream", {}).get("domains")
+    ax.set_xlabel("prompt in the stream" + (f" (domains: {' -> '.join(order)})" if order else ""))
     ax.set_ylabel("tau (3-prompt moving mean)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def add_parser(sub) -> None:

@@ -234,18 +234,9 @@ def plot_b(data: dict, path: Path) -> None:
 
 
 def plot_c(data: dict, path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for name, a in data["algorithms"].items():
-        series = a.get("tau_over_time") or []
-        ax.plot(range(1, len(series) + 1), series, marker=".", label=f"{name} (tau {a['tau']:.2f})")
-    domains = data.get("stream", {}).get("domains")
-    ax.set_xlabel("window of the stream" + (f" (domains: {' -> '.join(domains)})" if domains else ""))
-    ax.set_ylabel("tau")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from .online import plot_online
+
+    plot_online(data, path)
 
 
 def plot_d(data: dict, path: Path) -> None:

@@ -186,3 +186,89 @@ def test_trust_remote_code_load_in_a_fresh_process_without_adaflash(tmp_path, ti
     assert result.returncode == 0, result.stderr[-3000:]
     plain = tiny_target.generate(torch.tensor([[3, 14, 15, 9, 26, 5]]), max_new_tokens=12, do_sample=False)
     assert f"REMOTE_OK {plain.tolist()}" in result.stdout
+
+
+# ------------------------------------------------------------------------------------- loading refuses bad files
+
+
+def _pickle_only(folder):
+    """Turn a saved checkpoint into a pickle-only one (`pytorch_model.bin`, what older exporters write)."""
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def test_from_pretrained_refuses_pickle_weights(tmp_path, tiny_target):
+    torch.manual_seed(0)
+    AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4).save_pretrained(tmp_path)
+    _pickle_only(tmp_path)
+    for load in (AdaFlashDrafterModel.from_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(OSError, match=r"(?s)refusing to load pickle-based weights .*pytorch_model\.bin.*"
+                                          r"safetensors\.torch\.save_file\(torch\.load"):
+            load(tmp_path)
+    with pytest.raises(ValueError, match="use_safetensors=False"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path, use_safetensors=False)
+    # A config's `transformers_weights` picks the file and would bypass `use_safetensors=True`.
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").rename(tmp_path / "adapter_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "transformers_weights": "adapter_model.bin"}))
+    with pytest.raises(OSError, match=r"refusing to load pickle-based weights .*adapter_model\.bin"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path)
+
+
+def _drafter_with_vocab(tmp_path, target):
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4)
+    drafter.set_draft_vocab(torch.arange(10, 20))
+    drafter.save_pretrained(tmp_path)
+    return tmp_path / "model.safetensors"
+
+
+def _rewrite(path, **changes):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    state.update(changes)
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([10, 11, 12, 13, 14, 15, 16, 17, 18, 9 * 10**18]), r"draft_vocab.*ids outside \[0, 96\)"),
+    (torch.tensor([10, 11, 12, 13, 14, 15, 16, 17, 18, -1]), r"draft_vocab.*ids outside \[0, 96\)"),
+    (torch.tensor([10, 11, 12, 13, 14, 15, 16, 17, 18, 10]), r"draft_vocab.*repeats ids \[10\]"),
+])
+def test_corrupt_draft_vocab_is_refused_at_load(tmp_path, tiny_target, bad, message):
+    weights = _drafter_with_vocab(tmp_path, tiny_target)
+    assert torch.equal(AdaFlashDrafterModel.from_pretrained(tmp_path).draft_vocab, torch.arange(10, 20))
+    _rewrite(weights, draft_vocab=bad)
+    with pytest.raises(ValueError, match=rf"model\.safetensors.*{message}"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path)
+
+
+def test_draft_vocab_length_must_match_the_config(tmp_path, tiny_target):
+    _drafter_with_vocab(tmp_path, tiny_target)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["draft_vocab_size"] = None  # a config edited by hand: the checkpoint still has a 10-id vocabulary
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor .draft_vocab. is stored but "
+                                         r"config\.draft_vocab_size is None"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path)
+    config["draft_vocab_size"] = 10  # and the other way round: transformers would leave the buffer uninitialised
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["draft_vocab"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="draft_vocab_size is 10 but the checkpoint holds no 'draft_vocab'"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path)
+
+
+def test_non_finite_weights_are_refused_at_load(tmp_path, tiny_target):
+    weights = _drafter_with_vocab(tmp_path, tiny_target)
+    fc = AdaFlashDrafterModel.from_pretrained(tmp_path).fc.weight.detach().clone()
+    fc[0, 3] = float("nan")
+    _rewrite(weights, **{"fc.weight": fc})
+    with pytest.raises(ValueError, match=r"model\.safetensors.*fc\.weight.*non-finite values \(1 of"):
+        AdaFlashDrafterModel.from_pretrained(tmp_path)

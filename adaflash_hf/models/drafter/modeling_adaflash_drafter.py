@@ -423,6 +423,34 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
                 f"{type(self).__name__} does not match target {type(target).__name__}: " + "; ".join(errors) + "."
             )
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, safetensors only, with the loaded weights checked.
+
+        Pickle weights (`pytorch_model.bin`, ...) are refused: unpickling can run arbitrary code (`use_safetensors`
+        is forced to True; `use_safetensors=False` is an error). After loading, the checkpoint must satisfy what the
+        drafter relies on, else a `ValueError` names the file and tensor: `draft_vocab` present exactly when
+        `config.draft_vocab_size` is set, with that many unique ids in `[0, vocab_size)`; every floating-point
+        weight finite.
+        """
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError(_pickle_refusal("use_safetensors=False"))
+        kwargs["use_safetensors"] = True
+        subfolder = kwargs.get("subfolder") or ""
+        _refuse_explicit_pickle_file(pretrained_model_name_or_path, subfolder, kwargs.get("config"))
+        wants_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        except OSError as error:
+            clearer = _safetensors_only_error(pretrained_model_name_or_path, subfolder, error)
+            if clearer is error:
+                raise
+            raise clearer from error
+        _check_loaded_weights(model, info, pretrained_model_name_or_path, subfolder)
+        return (model, info) if wants_info else model
+
 
 def _default_mask_token_id(text_config, tokenizer) -> int:
     if tokenizer is not None:
@@ -436,6 +464,117 @@ def _default_mask_token_id(text_config, tokenizer) -> int:
     if pad is not None and pad != eos and not (isinstance(eos, list) and pad in eos):
         return pad
     return text_config.vocab_size - 1
+
+
+# Loading checks (used by `from_pretrained`; self-contained: this file is copied next to checkpoints).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _pickle_refusal(what) -> str:
+    return (
+        f"refusing to load pickle-based weights ({what}): unpickling can run arbitrary code. Only safetensors "
+        "checkpoints are loaded; convert them first in a trusted environment, e.g. "
+        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
+    )
+
+
+def _local_folder(path, subfolder: str) -> str | None:
+    import os
+
+    folder = os.path.join(str(path), subfolder)
+    return folder if os.path.isdir(folder) else None
+
+
+def _refuse_explicit_pickle_file(path, subfolder: str, config) -> None:
+    """A config's `transformers_weights` names the weights file and bypasses `use_safetensors`: refuse pickle."""
+    import os
+
+    name = None
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        name = getattr(config, "transformers_weights", None)
+    folder = _local_folder(path, subfolder)
+    if name is None and folder is not None and os.path.isfile(os.path.join(folder, "config.json")):
+        try:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            raw = None  # transformers reports a broken config itself
+        name = raw.get("transformers_weights") if isinstance(raw, dict) else None
+    if name is not None and not str(name).endswith((".safetensors", ".safetensors.index.json")):
+        raise OSError(_pickle_refusal(os.path.join(folder or str(path), str(name))))
+
+
+def _safetensors_only_error(path, subfolder: str, error: OSError) -> OSError:
+    """Our message when transformers found no safetensors weights (pickle files named); else `error` itself."""
+    import os
+
+    folder = _local_folder(path, subfolder)
+    if folder is not None:
+        files = sorted(os.listdir(folder))
+        if any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
+            return error
+        pickles = [os.path.join(folder, f) for f in files if f.endswith(_PICKLE_SUFFIXES)]
+        return OSError(_pickle_refusal(", ".join(pickles))) if pickles else error
+    if "safetensors" in str(error):
+        return OSError(f"{error} Only safetensors weights are loaded: " + _pickle_refusal(f"{path}"))
+    return error
+
+
+def _weights_file(path, subfolder: str, tensor: str) -> str:
+    """The file a tensor was read from, for error messages (the repo id / folder when it cannot be told)."""
+    import os
+
+    folder = _local_folder(path, subfolder)
+    if folder is None:
+        return f"{path}/{subfolder}".rstrip("/")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                return os.path.join(folder, json.load(f)["weight_map"].get(tensor, os.path.basename(index)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return index
+    return os.path.join(folder, "model.safetensors")
+
+
+def _loading_info_has(keys, name: str) -> bool:
+    return any(k == name or (isinstance(k, (tuple, list)) and k and k[0] == name) for k in keys or ())
+
+
+def _check_loaded_weights(model, info: dict, path, subfolder: str) -> None:
+    """Raise one `ValueError` listing every tensor of a loaded drafter that breaks what the drafter relies on."""
+    config, problems = model.config, []
+    where = lambda name: _weights_file(path, subfolder, name)  # noqa: E731
+    k, vocab = config.draft_vocab_size, getattr(model, "draft_vocab", None)
+    if _loading_info_has(info.get("unexpected_keys"), "draft_vocab"):
+        problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' is stored but config.draft_vocab_size is None")
+    elif _loading_info_has(info.get("missing_keys"), "draft_vocab") or _loading_info_has(
+        info.get("mismatched_keys"), "draft_vocab"
+    ):
+        problems.append(f"{where('draft_vocab')}: config.draft_vocab_size is {k} but the checkpoint holds no "
+                        f"'draft_vocab' tensor of {k} ids")
+    elif vocab is not None and vocab.device.type != "meta":
+        ids = vocab.detach().flatten().long().cpu()
+        bad = ids[(ids < 0) | (ids >= config.vocab_size)]
+        if ids.numel() != k:
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' has {ids.numel()} ids, "
+                            f"config.draft_vocab_size is {k}")
+        if bad.numel():
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' has {bad.numel()} ids outside "
+                            f"[0, {config.vocab_size}) (e.g. {bad[:5].tolist()})")
+        unique, counts = ids.unique(return_counts=True)
+        if (counts > 1).any():
+            repeated = unique[counts > 1][:5].tolist()
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' repeats ids {repeated}")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor is None or not tensor.is_floating_point() or tensor.device.type == "meta":
+            continue
+        finite = torch.isfinite(tensor.detach())
+        if not bool(finite.all()):
+            problems.append(f"{where(name)}: tensor {name!r} has non-finite values "
+                            f"({int((~finite).sum())} of {tensor.numel()})")
+    if problems:
+        raise ValueError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
 
 
 __all__ = ["AdaFlashDrafterModel", "AdaFlashDrafterPreTrainedModel"]

@@ -90,3 +90,27 @@ def test_collect_train_and_save_a_length_head(tmp_path):
     head.save_pretrained(tmp_path / "head")
     loaded = AutoModel.from_pretrained(tmp_path / "head")
     assert isinstance(loaded, AdaFlashLengthHead)
+
+
+def test_length_head_loading_refuses_pickle_and_non_finite_weights(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _head(hidden=64, block=6).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    state = load_file(str(weights))
+    assert isinstance(AdaFlashLengthHead.from_pretrained(tmp_path), AdaFlashLengthHead)
+
+    torch.save(state, tmp_path / "pytorch_model.bin")  # pickle only
+    weights.unlink()
+    for load in (AdaFlashLengthHead.from_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(OSError, match=r"(?s)refusing to load pickle-based weights .*pytorch_model\.bin.*"
+                                          r"safetensors\.torch\.save_file\(torch\.load"):
+            load(tmp_path)
+    with pytest.raises(ValueError, match="use_safetensors=False"):
+        AdaFlashLengthHead.from_pretrained(tmp_path, use_safetensors=False)
+
+    (tmp_path / "pytorch_model.bin").unlink()
+    state["out.weight"][0, 2] = float("inf")
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'out\.weight' has non-finite values \(1 of 16\)"):
+        AdaFlashLengthHead.from_pretrained(tmp_path)

@@ -239,6 +239,73 @@ def test_crash_mid_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(loaded._params("online"), saved))
 
 
+def _saved_then_moved(tmp_path, target):
+    """An adapter saved once (its parameters returned), then updated: the next save has different weights."""
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter.observe(_feedback(drafter, target), target.lm_head)
+    adapter.save_pretrained(tmp_path / "adapter")
+    old = [p.clone() for p in adapter._params("online")]
+    adapter.observe(_feedback(drafter, target, seed=3, accepted=2), target.lm_head)
+    new = [p.clone() for p in adapter._params("online")]
+    assert not all(torch.equal(a, b) for a, b in zip(old, new))
+    return adapter, old, new
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3])
+def test_crash_at_any_rename_of_a_save_leaves_a_loadable_adapter(tmp_path, monkeypatch, crash_at):
+    """Kill the save at its 1st, 2nd, 3rd rename: loading must give the old adapter or the new one."""
+    import os
+
+    target = make_tiny_target()
+    adapter, old, new = _saved_then_moved(tmp_path, target)
+    calls = []
+
+    def crashing(real):
+        def rename(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == crash_at:
+                raise OSError("killed")
+            return real(*args, **kwargs)
+        return rename
+
+    monkeypatch.setattr(os, "rename", crashing(os.rename))
+    monkeypatch.setattr(os, "replace", crashing(os.replace))
+    try:
+        adapter.save_pretrained(tmp_path / "adapter")
+    except OSError as error:
+        assert str(error) == "killed"
+    monkeypatch.undo()
+    loaded = [p.clone() for p in OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path / "adapter")._params(
+        "online")]
+    assert any(all(torch.equal(a, b) for a, b in zip(loaded, params)) for params in (old, new)), crash_at
+    # The next save repairs the folder and clears the leftovers of the crashed one.
+    adapter.save_pretrained(tmp_path / "adapter")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+    loaded = OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path / "adapter")._params("online")
+    assert all(torch.equal(a, b) for a, b in zip(loaded, new))
+
+
+def test_adapter_loading_refuses_pickle_and_incomplete_weights(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    target = make_tiny_target()
+    _saved_then_moved(tmp_path, target)
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    state = load_file(str(weights))
+    torch.save(state, weights.with_suffix(".bin"))  # what PEFT writes with safe_serialization=False
+    weights.unlink()
+    with pytest.raises(ValueError, match=r"(?s)refusing to load pickle-based weights .*adapter_model\.bin.*"
+                                         r"safetensors\.torch\.save_file\(torch\.load"):
+        OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path / "adapter")
+    weights.with_suffix(".bin").unlink()
+    dropped = sorted(k for k in state if "lora_B" in k)
+    save_file({k: v for k, v in state.items() if k not in dropped}, str(weights))
+    with pytest.raises(ValueError, match=r"adapter_model\.safetensors: incomplete adapter, missing "
+                                         rf"{len(dropped)} of {len(state)} LoRA tensors: \[.{dropped[0]}"):
+        OnlineSpecAdapter.from_pretrained(_drafter(target), tmp_path / "adapter")
+
+
 def test_missing_files_fail_clearly(tmp_path):
     target = make_tiny_target()
     with pytest.raises(FileNotFoundError, match="online_config.json"):

@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
 from .learners import Hedge, OnlineLearner
-from .online_config import OnlineSpecConfig
+from .online_config import CONFIG_NAME, OnlineSpecConfig
 
 
 STATE_NAME = "online_state.json"
@@ -344,50 +345,91 @@ class OnlineSpecAdapter:
 
     # ------------------------------------------------------------------------------------------------ save / load
     def save_pretrained(self, folder) -> Path:
-        """Atomically write the adapter(s) in PEFT format (+ `online_config.json`, `online_state.json`).
+        """Crash-safely write the adapter(s) in PEFT format (+ `online_config.json`, `online_state.json`).
 
         One adapter: `adapter_config.json` + `adapter_model.safetensors` in `folder`; an ensemble: one such
-        subfolder per member. Everything is written to a temporary sibling folder first and swapped in with
-        renames, so a crash mid-save leaves either the old adapter or the new one, never a broken folder.
+        subfolder per member.
+
+        Crash safety (old or new adapter loadable at every instant): everything is written and fsynced into a
+        sibling `.NAME.tmp-<id>`, whose `online_state.json` is written last (atomically) and marks it complete; then
+        `folder` is renamed aside to `.NAME.old-<id>`, the complete tmp folder renamed to `folder`, and the old one
+        deleted. A crash before the first rename leaves the old `folder`; between the two renames `folder` is
+        missing and `from_pretrained` loads the complete `.NAME.tmp-*` sibling (the new adapter), else the newest
+        `.NAME.old-*` one (the previous adapter); after the second, `folder` is the new adapter. The next save
+        puts `folder` back and deletes the leftovers. Concurrent saves to one folder are not supported.
         """
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = folder.with_name(f".{folder.name}.tmp-{tag}")
         tmp.mkdir()
-        names = self.config.adapter_names
-        for name in names:
-            sub = tmp if len(names) == 1 else tmp / name
-            sub.mkdir(exist_ok=True)
-            self.lora_config.save_pretrained(str(sub))
-            state = get_peft_model_state_dict(self.drafter, adapter_name=name)
-            save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(sub / WEIGHTS_NAME))
-        self.config.save_pretrained(tmp)
-        (tmp / STATE_NAME).write_text(json.dumps({
-            "rounds": self.stats.rounds, "updates": self.stats.updates, "rollbacks": self.stats.rollbacks,
-            "hedge_cumulative": self.hedge.cumulative, "learner_steps": {n: l.steps for n, l in self.learners.items()},
-        }, indent=2) + "\n")
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        try:
+            names = self.config.adapter_names
+            for name in names:
+                sub = tmp if len(names) == 1 else tmp / name
+                sub.mkdir(exist_ok=True)
+                self.lora_config.save_pretrained(str(sub))
+                state = get_peft_model_state_dict(self.drafter, adapter_name=name)
+                save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(sub / WEIGHTS_NAME))
+            self.config.save_pretrained(tmp)
+            _fsync_tree(tmp)
+            part = tmp / f".{STATE_NAME}.part"  # the state file goes last, atomically: it marks `tmp` complete
+            part.write_text(json.dumps({
+                "rounds": self.stats.rounds, "updates": self.stats.updates, "rollbacks": self.stats.rollbacks,
+                "hedge_cumulative": self.hedge.cumulative,
+                "learner_steps": {n: l.steps for n, l in self.learners.items()},
+            }, indent=2) + "\n")
+            _fsync(part)
+            os.replace(part, tmp / STATE_NAME)
+            _fsync(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, folder.with_name(f".{folder.name}.old-{tag}"))
+        os.replace(tmp, folder)
+        _fsync(folder.parent)
+        for leftover in _save_leftovers(folder):  # this save's old folder, and those of crashed saves
+            shutil.rmtree(leftover, ignore_errors=True)
         return folder
 
     @classmethod
     def from_pretrained(cls, drafter, folder, attach: bool = True) -> "OnlineSpecAdapter":
-        """Load an adapter saved by `save_pretrained` onto `drafter` (and attach it, by default)."""
-        folder = Path(folder)
+        """Load an adapter saved by `save_pretrained` onto `drafter` (and attach it, by default).
+
+        If `folder` is missing because a save was interrupted between its two renames, the adapter is loaded from
+        the save's complete temporary sibling, else from the previous one (see `save_pretrained`). Only safetensors
+        weights are read (pickle is refused), and every LoRA tensor the adapter needs must be there, with its shape
+        and finite values.
+        """
+        from ..interop.safety import PICKLE_SUFFIXES, CheckpointError, _pickle_message
+
+        folder = _recover_saved_folder(Path(folder))
         config = OnlineSpecConfig.from_pretrained(folder)
         adapter = cls(drafter, config)
         names = config.adapter_names
         for name in names:
-            path = (folder if len(names) == 1 else folder / name) / WEIGHTS_NAME
+            sub = folder if len(names) == 1 else folder / name
+            path = sub / WEIGHTS_NAME
             if not path.is_file():
+                pickles = sorted(p for p in sub.iterdir() if p.suffix in PICKLE_SUFFIXES) if sub.is_dir() else []
+                if pickles:
+                    raise CheckpointError(_pickle_message(pickles))
                 raise FileNotFoundError(f"{path} missing: incomplete OnlineSpec adapter folder.")
-            result = set_peft_model_state_dict(drafter, load_file(str(path)), adapter_name=name)
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"{path}: weights do not fit this drafter ({result.unexpected_keys[:3]} ...).")
+            found, expected = load_file(str(path)), get_peft_model_state_dict(drafter, adapter_name=name)
+            missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+            if missing:
+                raise ValueError(f"{path}: incomplete adapter, missing {len(missing)} of {len(expected)} LoRA "
+                                 f"tensors: {missing}.")
+            if unexpected:
+                raise ValueError(f"{path}: weights do not fit this drafter (unexpected tensors {unexpected}).")
+            wrong = [f"{k} {list(found[k].shape)} (expected {list(v.shape)})" for k, v in expected.items()
+                     if found[k].shape != v.shape]
+            bad = [k for k, t in found.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+            if wrong or bad:
+                raise ValueError(f"{path}: corrupt adapter: " + "; ".join(
+                    ([f"wrong shapes {wrong}"] if wrong else []) + ([f"non-finite values in {bad}"] if bad else [])))
+            set_peft_model_state_dict(drafter, found, adapter_name=name)
         state_path = folder / STATE_NAME
         if state_path.is_file():
             state = json.loads(state_path.read_text())
@@ -397,6 +439,51 @@ class OnlineSpecAdapter:
         if attach:
             drafter.online_adapter = adapter
         return adapter
+
+
+def _fsync(path) -> None:
+    """Flush a file's or a folder's entry to disk (best effort: some filesystems refuse folder fsync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):
+        _fsync(path)
+    _fsync(root)
+
+
+def _save_leftovers(folder: Path) -> list[Path]:
+    """`.NAME.tmp-*` and `.NAME.old-*` siblings of `folder` (what interrupted or finished saves leave)."""
+    prefix = f".{folder.name}."
+    if not folder.parent.is_dir():
+        return []
+    return sorted(p for p in folder.parent.iterdir()
+                  if p.name.startswith((prefix + "tmp-", prefix + "old-")) and p.is_dir())
+
+
+def _recover_saved_folder(folder: Path) -> Path:
+    """`folder`, or when a save was interrupted between its renames, the complete sibling to load instead."""
+    if folder.exists():
+        return folder
+    leftovers = _save_leftovers(folder)
+    new = [p for p in leftovers if p.name.startswith(f".{folder.name}.tmp-") and (p / STATE_NAME).is_file()]
+    old = [p for p in leftovers if p.name.startswith(f".{folder.name}.old-") and (p / CONFIG_NAME).is_file()]
+    for candidates, marker in ((new, STATE_NAME), (old, CONFIG_NAME)):
+        if candidates:
+            chosen = max(candidates, key=lambda p: (p / marker).stat().st_mtime)
+            warnings.warn(f"{folder} is missing (a save was interrupted); loading {chosen.name} instead. The next "
+                          "save_pretrained puts the folder back.", stacklevel=3)
+            return chosen
+    return folder
 
 
 __all__ = ["OnlineSpecAdapter", "OnlineStats", "RoundFeedback"]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .bench.args import concurrency_levels, existing_dir, positive_int, prompts_file
+
 
 BENCH_EPILOG = """\
 tau is tokens committed per verification forward, bonus token included:
@@ -25,25 +27,28 @@ def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side speed/acceptance benchmark", epilog=BENCH_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="target model folder (default: the offline testbed model)")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped default drafter)")
-    p.add_argument("--prompts", type=Path, default=None,
+    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+                   help="drafter folder (default: the shipped default drafter)")
+    p.add_argument("--prompts", type=prompts_file, default=None,
                    help='JSONL with {"prompt", "domain"} lines (default: the committed held-out testbed prompts)')
-    p.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts per domain")
+    p.add_argument("--max-prompts", type=positive_int("--max-prompts"), default=None,
+                   help="use at most this many prompts per domain")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--methods", default=",".join(_methods()),
                    help="comma-separated subset of the methods; also drafter_confidence, drafter_heuristic and "
                         "drafter_head (length baselines: transformers' confidence threshold and heuristic schedule "
                         "vs our length head, which needs --length-head)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int("--threads"), default=None, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--concurrency", default=None,
+    p.add_argument("--concurrency", type=concurrency_levels, default=None,
                    help="e.g. 1,4,16,32: instead of the bs=1 methods, measure batched throughput at these levels "
                         "(plain batched generate, fixed block, adaptive length head); JSON key 'concurrency'")
-    p.add_argument("--length-head", default=None, help="length head folder (with cost_model.json) for 'adaptive'")
+    p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
+                   help="length head folder (with cost_model.json) for 'adaptive'")
 
 
 def _compare_parser(sub) -> None:
@@ -54,9 +59,10 @@ def _compare_parser(sub) -> None:
                     "identical outputs. Used to compare offline-only and OPD drafters.")
     p.add_argument("--drafters", required=True, help="comma-separated drafter folders")
     p.add_argument("--labels", default=None, help="comma-separated names (default: folder names)")
-    p.add_argument("--prompts", type=Path, default=None, help="JSONL prompts (default: committed eval prompts)")
-    p.add_argument("--max-prompts", type=int, default=None, help="at most this many prompts per domain")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=prompts_file, default=None, help="JSONL prompts (default: committed eval prompts)")
+    p.add_argument("--max-prompts", type=positive_int("--max-prompts"), default=None,
+                   help="at most this many prompts per domain")
+    p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=128)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")

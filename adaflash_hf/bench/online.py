@@ -154,13 +154,16 @@ def plot_online(result: dict, path) -> None:
 
 
 def add_parser(sub) -> None:
+    from .args import choice_list, existing_dir, positive_int
+
     p = sub.add_parser("bench-online", help="static vs online adapters on a domain-shift stream (OnlineSpec)")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
+    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+                   help="drafter folder (default: the shipped one)")
     p.add_argument("--target", default=None, help="target folder (default: the testbed model)")
-    p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--algorithms", type=choice_list("--algorithms", ALGORITHMS), default=",".join(ALGORITHMS))
     p.add_argument("--quick", action="store_true", help="2 prompts per domain, 48 new tokens")
-    p.add_argument("--per-domain", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--per-domain", type=positive_int("--per-domain"), default=None)
+    p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=None)
     p.add_argument("--learning-rate", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="write the JSON here")

@@ -234,14 +234,48 @@ def test_our_layout_loads_with_its_length_head(tmp_path, drafter):
     assert isinstance(loaded.length_head, AdaFlashLengthHead) and loaded.cost_model.points == cost.points
 
 
-def test_draft_vocabulary_export_needs_an_explicit_drop(tmp_path, drafter):
+def test_draft_vocabulary_is_dropped_by_default_with_a_warning_of_its_cost(tmp_path, drafter, caplog):
     drafter.set_draft_vocab(torch.arange(10))
-    with pytest.raises(CheckpointError, match="drop_draft_vocab=True"):
-        export_dflash_checkpoint(drafter, tmp_path / "z", layout="zlab")
-    out = export_dflash_checkpoint(drafter, tmp_path / "z2", layout="zlab", drop_draft_vocab=True)
-    assert load_dflash_checkpoint(out).draft_vocab is None
+    with caplog.at_level("WARNING", logger="adaflash_hf.interop.convert"):
+        out = export_dflash_checkpoint(drafter, tmp_path / "z", layout="zlab")
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    for fragment in ("10-token draft vocabulary", f"full {V}-token vocabulary", f"whole LM head ({V} rows) instead "
+                     "of 10", "never trained to be improbable", "acceptance may drop", "Outputs stay exact"):
+        assert fragment in warning, warning
+    loaded = load_dflash_checkpoint(out)
+    assert loaded.draft_vocab is None and torch.equal(outputs(loaded), outputs(drafter))
+    with pytest.raises(CheckpointError, match="drop_draft_vocab=False.*--keep-draft-vocab"):
+        export_dflash_checkpoint(drafter, tmp_path / "z2", layout="zlab", drop_draft_vocab=False)
     with pytest.raises(CheckpointError, match="not empty"):
-        export_dflash_checkpoint(drafter, out, layout="zlab", drop_draft_vocab=True)
+        export_dflash_checkpoint(drafter, out, layout="zlab")
+
+
+def test_readme_convert_command_exports_a_drafter_with_a_draft_vocabulary(tmp_path, drafter, capsys, caplog):
+    """`python -m adaflash_hf.interop convert DRAFTER OUT --to zlab`, as the README shows it, on our layout."""
+    drafter.set_draft_vocab(torch.arange(5, 25))
+    drafter.save_pretrained(tmp_path / "ours")
+    with caplog.at_level("WARNING", logger="adaflash_hf.interop.convert"):
+        assert cli(["convert", str(tmp_path / "ours"), str(tmp_path / "zlab"), "--to", "zlab"]) == 0
+    assert "wrote zlab checkpoint" in capsys.readouterr().out
+    assert "20-token draft vocabulary" in caplog.text and "acceptance may drop" in caplog.text
+    assert detect_layout(tmp_path / "zlab") == "zlab" and load_dflash_checkpoint(tmp_path / "zlab").draft_vocab is None
+    assert cli(["convert", str(tmp_path / "ours"), str(tmp_path / "muse"), "--to", "muse", "--drop-draft-vocab"]) == 0
+    assert cli(["convert", str(tmp_path / "ours"), str(tmp_path / "strict"), "--to", "zlab",
+                "--keep-draft-vocab"]) == 2
+    assert "--keep-draft-vocab" in capsys.readouterr().err and not (tmp_path / "strict").exists()
+
+
+def test_non_finite_weights_are_refused_in_every_layout(tmp_path, drafter, capsys):
+    bad = drafter.fc.weight.detach().clone()
+    bad[1, 1] = float("nan")
+    src = write_zlab(tmp_path / "z", drafter, tensors={"fc.weight": bad})
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'fc\.weight' has non-finite values"):
+        load_dflash_checkpoint(src)
+    with torch.no_grad():
+        drafter.fc.weight.copy_(bad)
+    drafter.save_pretrained(tmp_path / "ours")
+    assert cli(["inspect", str(tmp_path / "ours")]) == 2
+    assert "tensor 'fc.weight' has non-finite values" in capsys.readouterr().err
 
 
 def test_truncated_corrupt_and_mismatched_files_fail_clearly(tmp_path, drafter):

@@ -38,8 +38,12 @@ def main(argv=None) -> int:
                       help="cast the weights (default: keep the stored dtype)")
     conv.add_argument("--drop-unsupported-heads", action="store_true",
                       help="drop AdaFlash threshold/prob heads that cannot be mapped onto AdaFlashLengthHead")
-    conv.add_argument("--drop-draft-vocab", action="store_true",
-                      help="export a drafter with a draft vocabulary as a full-vocabulary drafter")
+    vocab = conv.add_mutually_exclusive_group()
+    vocab.add_argument("--keep-draft-vocab", action="store_true",
+                       help="refuse to export a drafter whose draft vocabulary the layout cannot express (default: "
+                            "drop it with a warning; the drafter then drafts over the full vocabulary, outputs "
+                            "stay exact)")
+    vocab.add_argument("--drop-draft-vocab", action="store_true", help="the default (kept for old command lines)")
     conv.add_argument("--overwrite", action="store_true", help="write into a non-empty DST")
     insp = sub.add_parser("inspect", help="detect the layout of SRC and check that it loads")
     insp.add_argument("src")
@@ -56,7 +60,8 @@ def main(argv=None) -> int:
                 overrides["mask_token_id"] = args.mask_token_id
             out = convert_checkpoint(args.src, args.dst, args.to, dtype=getattr(torch, args.dtype or "", None),
                                      drop_unsupported_heads=args.drop_unsupported_heads,
-                                     drop_draft_vocab=args.drop_draft_vocab, overwrite=args.overwrite, **overrides)
+                                     drop_draft_vocab=not args.keep_draft_vocab, overwrite=args.overwrite,
+                                     **overrides)
             print(f"wrote {args.to} checkpoint to {out}")
             if args.to == "zlab":
                 block_size = json.loads((out / "config.json").read_text())["block_size"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..models import AdaFlashDrafterConfig, AdaFlashDrafterModel, AdaFlashLengthHead
+from ..models.drafter.modeling_adaflash_drafter import _check_loaded_weights
 from .dflash import config_to_zlab, has_adaflash_heads, is_zlab_config, zlab_to_config
 from .muse import MUSE_TO_OURS, OURS_TO_MUSE, config_to_muse, is_muse_config, muse_to_config
 from .safety import CheckpointError, check_tensors, load_tensors, read_checkpoint_tensors
@@ -127,8 +128,11 @@ def load_dflash_checkpoint(path, *, dtype: torch.dtype | None = None, device="cp
         except Exception as e:  # noqa: BLE001 - strict-config validation, re-raised with the file name
             raise CheckpointError(f"{where}: invalid AdaFlashDrafterConfig: {e}") from None
         check_tensors(infos, _expected_shapes(config), str(path))
-        model = AdaFlashDrafterModel.from_pretrained(path, config=config, use_safetensors=True,
-                                                     dtype=dtype or "auto").to(device).eval()
+        try:
+            model = AdaFlashDrafterModel.from_pretrained(path, config=config, use_safetensors=True,
+                                                         dtype=dtype or "auto").to(device).eval()
+        except ValueError as e:  # corrupt weights (draft_vocab, non-finite values), named by from_pretrained
+            raise CheckpointError(str(e)) from None
         if load_length_head and (path / LENGTH_HEAD_DIR / "config.json").is_file():
             head, cost = load_length_head_folder(path / LENGTH_HEAD_DIR)
             model.attach_length_head(head.to(device), cost)
@@ -154,7 +158,12 @@ def load_dflash_checkpoint(path, *, dtype: torch.dtype | None = None, device="cp
     if any(not n.endswith("inv_freq") for n in dropped):
         logger.warning("%s: dropped tensors of unsupported heads: %s", path, [n for n in dropped])
     state = {rename.get(n, n): t for n, t in load_tensors(kept).items()}
-    return _build(config, state, dtype or _checkpoint_dtype(kept), device)
+    model = _build(config, state, dtype or _checkpoint_dtype(kept), device)
+    try:
+        _check_loaded_weights(model, {}, path, "")  # the checks of `AdaFlashDrafterModel.from_pretrained`
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    return model
 
 
 def load_length_head_folder(folder):
@@ -182,14 +191,16 @@ def save_drafter_folder(drafter: AdaFlashDrafterModel, out_dir, *, length_head=N
 
 
 def export_dflash_checkpoint(drafter: AdaFlashDrafterModel, out_dir, layout: str = "zlab", *,
-                             drop_draft_vocab: bool = False, model_type: str = "qwen3",
+                             drop_draft_vocab: bool = True, model_type: str = "qwen3",
                              overwrite: bool = False) -> Path:
     """Write `drafter` as `config.json` + `model.safetensors` in `layout` ("zlab", "muse" or "adaflash").
 
     The z-lab layout is what vLLM's and SGLang's DFlash loaders read; the muse layout loads with transformers'
-    `MuseGlimmerAssistantModel.from_pretrained`. Only safetensors are written. A drafter with a draft vocabulary
-    (`draft_vocab`) is refused unless `drop_draft_vocab=True` (then it drafts over the full vocabulary: outputs
-    stay exact, only the drafting cost changes); an attached length head is not part of those layouts.
+    `MuseGlimmerAssistantModel.from_pretrained`. Only safetensors are written. Neither layout can express a draft
+    vocabulary (`draft_vocab`): by default it is dropped with a warning of what that costs (`draft_vocab_warning`:
+    the exported drafter drafts over the full vocabulary, a bigger LM-head product per drafting step and maybe
+    lower acceptance; outputs stay exact); `drop_draft_vocab=False` refuses instead. An attached length head is not
+    part of those layouts.
     """
     from safetensors.torch import save_file
 
@@ -200,12 +211,14 @@ def export_dflash_checkpoint(drafter: AdaFlashDrafterModel, out_dir, layout: str
         raise CheckpointError(f"{out} already exists and is not empty; pass overwrite=True (CLI: --overwrite).")
     if layout == "adaflash":
         return save_drafter_folder(drafter, out)
-    if drafter.draft_vocab is not None and not drop_draft_vocab:
-        raise CheckpointError(
-            f"this drafter drafts from a {drafter.draft_vocab.numel()}-token draft vocabulary (`draft_vocab`), which "
-            f"the {layout} layout cannot express; pass drop_draft_vocab=True (CLI: --drop-draft-vocab) to export it "
-            "drafting over the full vocabulary (outputs are unchanged, only the drafting cost)."
-        )
+    if drafter.draft_vocab is not None:
+        if not drop_draft_vocab:
+            raise CheckpointError(
+                f"this drafter drafts from a {drafter.draft_vocab.numel()}-token draft vocabulary (`draft_vocab`), "
+                f"which the {layout} layout cannot express, and drop_draft_vocab=False (CLI: --keep-draft-vocab) "
+                "refuses to drop it. Without it the drafter is exported drafting over the full vocabulary."
+            )
+        logger.warning("%s", draft_vocab_warning(drafter, layout))
     dtype = drafter.fc.weight.dtype
     config = drafter.config  # draft_vocab_size is not written by either layout
     if layout == "zlab":
@@ -224,7 +237,19 @@ def export_dflash_checkpoint(drafter: AdaFlashDrafterModel, out_dir, layout: str
     return out
 
 
-def convert_checkpoint(src, dst, to: str, *, drop_unsupported_heads: bool = False, drop_draft_vocab: bool = False,
+def draft_vocab_warning(drafter: AdaFlashDrafterModel, layout: str) -> str:
+    """What exporting `drafter` without its draft vocabulary costs (the warning `export_dflash_checkpoint` logs)."""
+    k, v = drafter.draft_vocab.numel(), drafter.config.vocab_size
+    return (
+        f"dropping the drafter's {k}-token draft vocabulary (`draft_vocab`): the {layout} layout cannot express "
+        f"it, so the exported drafter drafts over the full {v}-token vocabulary. Cost: every drafting step "
+        f"multiplies by the whole LM head ({v} rows) instead of {k} rows, and tokens outside the {k}-token draft "
+        "vocabulary were never trained to be improbable, so acceptance may drop. Outputs stay exact: the target "
+        "verifies every drafted token. (To refuse instead: drop_draft_vocab=False, CLI --keep-draft-vocab.)"
+    )
+
+
+def convert_checkpoint(src, dst, to: str, *, drop_unsupported_heads: bool = False, drop_draft_vocab: bool = True,
                        overwrite: bool = False, dtype: torch.dtype | None = None, **config_overrides) -> Path:
     """Load `src` (any layout) and write it to `dst` in layout `to`; a z-lab source keeps its `model_type`."""
     if to not in LAYOUTS:
@@ -241,6 +266,7 @@ __all__ = [
     "LAYOUTS",
     "convert_checkpoint",
     "detect_layout",
+    "draft_vocab_warning",
     "export_dflash_checkpoint",
     "load_dflash_checkpoint",
     "load_length_head_folder",

@@ -203,19 +203,38 @@ def _copy_adapter(src: Path, dst: Path) -> None:
         shutil.copy2(path, target)
 
 
+def check_staging_folder(folder) -> Path:
+    """`folder` as a `Path` if it is new or an empty folder; else `FileExistsError` / `NotADirectoryError`.
+
+    Staging never writes next to files already there: everything in the staged folder is listed and uploaded, so
+    strays (an old `pytorch_model.bin`, a `.env`) would be published with the drafter.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, not a folder to stage the repository in.")
+    strays = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    if strays:
+        shown = ", ".join(strays[:5]) + (f", ... ({len(strays)} entries)" if len(strays) > 5 else "")
+        raise FileExistsError(f"{folder} is not empty ({shown}): stage into a new or empty folder, so that nothing "
+                              "but the staged repository is listed or uploaded.")
+    return folder
+
+
 def stage_drafter_repo(drafter, folder, bench_summary, *, repo_id: str, target_model: str | None = None,
                        length_head=None, cost_model=None, adapter_dir=None,
                        training_method: str = "not documented by the uploader", training_data: str = "",
                        bench_command: str | None = None, limitations: str = "",
                        length_head_training: str = "", length_head_metrics: dict | None = None,
                        length_head_metrics_source: str = "", license: str = "apache-2.0") -> Path:
-    """Write the repository layout of the module docstring into `folder` (nothing is uploaded).
+    """Write the repository layout of the module docstring into `folder`, which must be new or empty
+    (`check_staging_folder`); nothing is uploaded.
 
     `length_head` / `cost_model` default to the ones attached to `drafter`; `adapter_dir` is one adapter folder
     or a folder of adapter folders.
     """
     from .interop.convert import COST_MODEL_FILE, LENGTH_HEAD_DIR, save_drafter_folder
 
+    check_staging_folder(folder)
     summary = load_bench_summary(bench_summary)
     target_model = target_model or target_model_from_bench(summary)
     length_head = length_head if length_head is not None else drafter.length_head
@@ -344,6 +363,7 @@ def push_training_data(dataset, repo_id: str, *, target_model: str, private: boo
 
 __all__ = [
     "bench_command_from",
+    "check_staging_folder",
     "load_bench_summary",
     "push_drafter",
     "push_training_data",

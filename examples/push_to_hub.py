@@ -10,6 +10,7 @@ One repository holds it all (see `adaflash_hf/hub.py`): the drafter at the root,
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -30,20 +31,29 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from adaflash_hf import AdaFlashDrafterModel
-    from adaflash_hf.hub import push_drafter, stage_drafter_repo
+    from adaflash_hf.hub import check_staging_folder, push_drafter, stage_drafter_repo
     from adaflash_hf.interop import load_length_head_folder
+
+    if args.dry_run is not None:  # before loading anything: never stage next to (and list) files already there
+        try:
+            check_staging_folder(args.dry_run)
+        except OSError as error:
+            print(f"error: --dry-run: {error}", file=sys.stderr)
+            return 2
 
     drafter = AdaFlashDrafterModel.from_pretrained(args.drafter, use_safetensors=True)
     head, cost = load_length_head_folder(args.length_head) if args.length_head else (None, None)
     kwargs = dict(length_head=head, cost_model=cost, adapter_dir=args.adapters, target_model=args.target_model,
                   training_method=args.training_method, training_data=args.training_data)
     summary = args.length_head / "training_summary.json" if args.length_head else None
-    if summary is not None and summary.is_file():  # written by examples/train_length_head.py
+    # Written by examples/train_length_head.py; the shipped head carries one too (with its card's training text).
+    if summary is not None and summary.is_file():
         data = json.loads(summary.read_text())
         kwargs["length_head_metrics"] = {k: v for k, v in data.get("eval", {}).items() if isinstance(v, (int, float))}
-        kwargs["length_head_metrics_source"] = "held-out split of examples/train_length_head.py"
-        kwargs["length_head_training"] = (f"survival BCE on {data.get('blocks', '?')} blocks of real acceptance "
-                                          "(examples/train_length_head.py).")
+        kwargs["length_head_metrics_source"] = data.get("metrics_source",
+                                                        "held-out split of examples/train_length_head.py")
+        kwargs["length_head_training"] = data.get("training") or (
+            f"survival BCE on {data.get('blocks', '?')} blocks of real acceptance (examples/train_length_head.py).")
     if args.dry_run is not None:
         folder = stage_drafter_repo(drafter, args.dry_run, args.bench_json, repo_id=args.repo_id, **kwargs)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):

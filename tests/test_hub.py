@@ -216,6 +216,53 @@ def test_example_help_and_dry_run(tmp_path, drafter, head, capsys):
     assert "nothing uploaded" in capsys.readouterr().out
 
 
+def test_staging_refuses_a_folder_that_already_holds_files(tmp_path, drafter, head, capsys):
+    """Strays in DIR (an old pickle, a `.env`) must never be staged, listed or uploaded."""
+    dirty = tmp_path / "staged"
+    dirty.mkdir()
+    (dirty / "pytorch_model.bin").write_bytes(b"old pickle")
+    (dirty / ".env").write_text("HF_TOKEN=hf_secret\n")
+    with pytest.raises(FileExistsError, match=r"staged is not empty \(\.env, pytorch_model\.bin\)"):
+        stage_drafter_repo(drafter, dirty, BENCH, repo_id=REPO)
+    assert listing(dirty) == {"pytorch_model.bin", ".env"}  # untouched, nothing staged next to them
+
+    drafter.save_pretrained(tmp_path / "drafter")
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    argv = ["--drafter", str(tmp_path / "drafter"), "--repo-id", REPO, "--bench-json", str(tmp_path / "bench.json")]
+    capsys.readouterr()
+    assert _example().main([*argv, "--dry-run", str(dirty)]) == 2
+    captured = capsys.readouterr()
+    assert "nothing uploaded" not in captured.out and "pytorch_model.bin" not in captured.out
+    assert len(captured.err.strip().splitlines()) == 1 and "is not empty" in captured.err
+    assert listing(dirty) == {"pytorch_model.bin", ".env"}
+    (tmp_path / "empty").mkdir()  # an existing empty folder is fine
+    assert _example().main([*argv, "--dry-run", str(tmp_path / "empty")]) == 0
+    assert listing(tmp_path / "empty") == DRAFTER_FILES
+
+
+def _section(card: str, title: str) -> str:
+    return card.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].strip()
+
+
+def test_shipped_length_head_card_keeps_its_held_out_metrics(tmp_path, drafter, capsys):
+    """Staging the shipped length head renders the held-out metrics (and training) its own card reports."""
+    from adaflash_hf.checkpoints import length_head_dir
+
+    shipped = length_head_dir()
+    drafter.save_pretrained(tmp_path / "drafter")
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    assert _example().main(["--drafter", str(tmp_path / "drafter"), "--repo-id", REPO, "--bench-json",
+                            str(tmp_path / "bench.json"), "--length-head", str(shipped),
+                            "--dry-run", str(tmp_path / "staged")]) == 0
+    staged = (tmp_path / "staged" / "length_head" / "README.md").read_text()
+    card = (shipped / "README.md").read_text()
+    assert "No held-out metrics" not in staged
+    assert "| eval_mae_accepted | 0.4673 |" in staged and "| eval_mean_actual_accepted | 0.7344 |" in staged
+    assert _section(staged, "Measured results") == _section(card, "Measured results")
+    training = next(line for line in card.splitlines() if line.startswith("- Training: "))
+    assert training in staged
+
+
 # ------------------------------------------------------------------------------------- templates as package data
 TEMPLATE_NAMES = ("drafter", "length_head", "training_data")
 REPO_ROOT = Path(__file__).resolve().parents[1]

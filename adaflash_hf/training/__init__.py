@@ -4,6 +4,7 @@ from .blocks import block_attention_mask, block_labels, draft_blocks, position_w
 from .data import build_training_dataset, generate_responses, record_targets
 from .drafter_config import DrafterTrainingConfig
 from .drafter_trainer import DrafterDataCollator, DrafterTrainer
+from .label_store import LabelStore, build_label_dataset, select_entries
 from .opd_config import OPDConfig
 from .opd_trainer import OPDTrainer, reverse_kl_per_token
 
@@ -12,10 +13,12 @@ __all__ = [
     "DrafterDataCollator",
     "DrafterTrainer",
     "DrafterTrainingConfig",
+    "LabelStore",
     "OPDConfig",
     "OPDTrainer",
     "block_attention_mask",
     "block_labels",
+    "build_label_dataset",
     "build_training_dataset",
     "draft_blocks",
     "generate_responses",
@@ -23,4 +26,5 @@ __all__ = [
     "record_targets",
     "reverse_kl_per_token",
     "sample_anchors",
+    "select_entries",
 ]

@@ -32,6 +32,15 @@ corpus.jsonl          one line per entry: key, offset, n, domain, source, doc, p
 .writer.lock          one writer at a time (fcntl); readers need no lock
 ```
 
+Training on the store (the testbed: responses generated in bf16, corpus labelled by the fp32 target):
+
+```python
+name = "testbed:SmolLM2-135M-Instruct"
+responses, corpus = LabelStore.open(name, torch.bfloat16), LabelStore.open(name, torch.float32)
+selection = select_entries(responses, corpus, corpus_ratio=1.0)      # corpus tokens : response tokens
+dataset = build_label_dataset(target_fp32, drafter.config.target_layer_ids, name, selection)
+```
+
 Appends write the tokens (flushed and fsynced) before the index line, so a killed job loses at most the batch in
 flight: a half-written index line is dropped on the next open and orphan token bytes are never referenced.
 Entries are keyed by a stable hash of what determines them (the prompt and the generation settings; the chunk's
@@ -355,7 +364,7 @@ class LabelStore:
                         stats["new_tokens"] += len(response)
                     stats["sequences"] += self.append("responses", rows)
                     bar.update(len(batch))
-                    bar.set_postfix(tok_s=f"{stats['new_tokens'] / max(stats['seconds'], 1e-9):.0f}")
+                    bar.set_postfix(tok_s=f"{stats['new_tokens'] / max(stats['seconds'], 1e-9):.0f}", refresh=False)
         return stats
 
     def add_corpus(self, model, chunks: Iterable[dict], *, max_tokens: int | None = None, batch_size: int = 4,
@@ -396,7 +405,7 @@ class LabelStore:
                 stats["tokens"] += added
                 done |= keys
                 bar.update(added)
-                bar.set_postfix(tok_s=f"{stats['tokens'] / max(stats['seconds'], 1e-9):.0f}")
+                bar.set_postfix(tok_s=f"{stats['tokens'] / max(stats['seconds'], 1e-9):.0f}", refresh=False)
         return stats
 
 

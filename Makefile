@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv fetch report clean
+.PHONY: demo test test-fast venv fetch report clean fix-copies
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,7 @@ report: fetch
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Rewrite the model code copied next to the shipped checkpoints (`auto_map`) from its source.
+fix-copies: $(STAMP)
+	$(PY) -m adaflash_hf.checkpoints --fix-copies

@@ -169,13 +169,23 @@ REMOTE_SCRIPT = textwrap.dedent(
     spec = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter,
                            speculation_type="dflash")
     assert torch.equal(plain, spec), (plain, spec)
-    print("REMOTE_OK", spec.tolist())
+    # Without `speculation_type`, transformers treats it as an ordinary assistant: refused, clearly, before any
+    # forward of the target.
+    calls = []
+    target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        target.generate(prompt, max_new_tokens=4, assistant_model=drafter)
+        raise SystemExit("a block drafter was accepted as an ordinary assistant model")
+    except TypeError as e:
+        assert "speculation_type='dflash'" in str(e) and not calls, (e, calls)
+    print("REMOTE_OK", drafter.dtype, spec.tolist())
     """
 )
 
 
 def test_trust_remote_code_load_in_a_fresh_process_without_adaflash(tmp_path, tiny_target, tiny_drafter):
-    tiny_drafter.save_pretrained(tmp_path / "drafter")
+    # Stored in bf16 beside an fp32 target, as the shipped drafter is: the remote code casts what it receives.
+    tiny_drafter.to(torch.bfloat16).save_pretrained(tmp_path / "drafter")
     tiny_target.save_pretrained(tmp_path / "target")
     script = tmp_path / "remote.py"
     script.write_text(REMOTE_SCRIPT)
@@ -185,7 +195,7 @@ def test_trust_remote_code_load_in_a_fresh_process_without_adaflash(tmp_path, ti
                                  "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]
     plain = tiny_target.generate(torch.tensor([[3, 14, 15, 9, 26, 5]]), max_new_tokens=12, do_sample=False)
-    assert f"REMOTE_OK {plain.tolist()}" in result.stdout
+    assert f"REMOTE_OK torch.bfloat16 {plain.tolist()}" in result.stdout
 
 
 # ------------------------------------------------------------------------------------- loading refuses bad files

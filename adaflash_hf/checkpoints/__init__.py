@@ -8,6 +8,8 @@
 by measurement (see the README's results).
 """
 
+import filecmp
+import shutil
 from pathlib import Path
 
 
@@ -42,3 +44,35 @@ def length_head_dir() -> Path | None:
     """The shipped length head folder (with `cost_model.json`), or None."""
     folder = _folder(LENGTH_HEAD)
     return folder if folder is not None and (folder / "cost_model.json").is_file() else None
+
+
+# Every shipped checkpoint folder carries byte copies of its model's code (`auto_map`: it must load with
+# `trust_remote_code=True` where adaflash_hf is absent). They are guarded like transformers' `# Copied from` +
+# `check_copies`: `code_copies()` lists them, `tests/test_checkpoints.py` fails when one drifts from its source, and
+# `python -m adaflash_hf.checkpoints --fix-copies` (or `make fix-copies`) rewrites them.
+_CODE = {
+    "drafter": ("models/drafter", ("configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py")),
+    "length_head": ("models/length_head", ("configuration_adaflash_length_head.py", "modeling_adaflash_length_head.py")),
+}
+_KIND = {OFFLINE_DRAFTER: "drafter", OPD_DRAFTER: "drafter", LENGTH_HEAD: "length_head"}
+
+
+def code_copies() -> list[tuple[Path, Path]]:
+    """`(source, copy)` for every model-code file next to a shipped checkpoint."""
+    pairs = []
+    for name, kind in _KIND.items():
+        if (HERE / name).is_dir():
+            folder, files = _CODE[kind]
+            pairs += [(HERE.parent / folder / f, HERE / name / f) for f in files]
+    return pairs
+
+
+def stale_copies(fix: bool = False) -> list[Path]:
+    """The copies that differ from their source (rewritten first when `fix`; then the list is empty)."""
+    stale = [copy for source, copy in code_copies() if not copy.is_file() or not filecmp.cmp(source, copy, False)]
+    if fix:
+        for source, copy in code_copies():
+            if copy in stale:
+                shutil.copyfile(source, copy)
+        return []
+    return stale

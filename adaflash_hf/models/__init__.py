@@ -2,7 +2,7 @@
 
 from transformers import AutoConfig, AutoModel
 
-from .drafter import AdaFlashDrafterConfig, AdaFlashDrafterModel
+from .drafter import AdaFlashDrafterConfig, AdaFlashDrafterModel, AdaFlashGenerationConfig
 from .length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
 
@@ -22,4 +22,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["AdaFlashDrafterConfig", "AdaFlashDrafterModel", "AdaFlashLengthHead", "AdaFlashLengthHeadConfig"]
+__all__ = ["AdaFlashDrafterConfig", "AdaFlashDrafterModel", "AdaFlashGenerationConfig", "AdaFlashLengthHead", "AdaFlashLengthHeadConfig"]

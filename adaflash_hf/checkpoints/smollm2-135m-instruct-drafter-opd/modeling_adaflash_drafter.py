@@ -17,6 +17,7 @@ This file is copied next to saved checkpoints (`auto_map`): it imports only torc
 import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 
-from .configuration_adaflash_drafter import AdaFlashDrafterConfig
+from .configuration_adaflash_drafter import LEGACY_GENERATION_KEYS, AdaFlashDrafterConfig, AdaFlashGenerationConfig
 
 
 def apply_rotary_pos_emb(q, k, cos, sin):
@@ -178,7 +179,12 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         self.register_buffer("draft_vocab", vocab, persistent=True)
         self.gradient_checkpointing = False
         self._head_slice = None
-        self.attach_length_head(None)
+        # Decoding knobs (`generation_config.json` beside the weights), as transformers' assistant models carry them.
+        self.generation_config = AdaFlashGenerationConfig()
+        # What adaflash_hf decodes with besides the weights: length head, cost model, online adapter and the
+        # proposal policy's state (`adaflash_hf.generation.SpeculationRuntime`, attached with `runtime.attach`).
+        # Never saved with the drafter; None until something is attached.
+        self.runtime = None
         self.post_init()
 
     @property
@@ -193,14 +199,42 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
-    def attach_length_head(self, head: nn.Module | None, cost_model=None) -> None:
-        """Attach an adaptive length head (and the target's cost model) used by `generate(assistant_model=...)`.
+    def generate(self, *args, **kwargs):
+        """Refused: a block drafter drafts from the target's hidden states and cannot decode on its own.
 
-        They are kept outside the module tree on purpose: the drafter's checkpoint stays the drafter alone, and the
-        head is saved / pushed as its own model. `None` detaches.
+        transformers calls this when the drafter is passed as a plain assistant model (`generate(assistant_model=
+        drafter)` without `speculation_type`, and without `import adaflash_hf`). It is reached before any forward.
         """
-        object.__setattr__(self, "length_head", head)
-        object.__setattr__(self, "cost_model", cost_model)
+        raise TypeError(
+            f"{type(self).__name__} is a block (DFlash) drafter: it drafts from the target's hidden states and cannot "
+            "generate on its own. Use `target.generate(..., assistant_model=drafter, speculation_type='dflash')` "
+            "(transformers' DFlash path), or `import adaflash_hf` first and pass `assistant_model=drafter`."
+        )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, plus the drafter's `generation_config.json` (its decoding knobs)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(save_directory)
+        return result
+
+    def load_generation_config(self, pretrained_model_name_or_path, subfolder: str = "") -> "AdaFlashGenerationConfig":
+        """Set `self.generation_config` from a checkpoint: its `generation_config.json`, else the decoding keys that
+        older checkpoints kept in `config.json` (migrated), else the defaults. Returns it."""
+        folder = Path(pretrained_model_name_or_path) / subfolder
+        if not folder.is_dir():  # a Hub repository
+            try:
+                self.generation_config = AdaFlashGenerationConfig.from_pretrained(
+                    pretrained_model_name_or_path, subfolder=subfolder)
+            except OSError:
+                self.generation_config = AdaFlashGenerationConfig()
+        elif (folder / "generation_config.json").is_file():
+            self.generation_config = AdaFlashGenerationConfig.from_pretrained(folder)
+        else:
+            raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+            legacy = {new: raw[old] for old, new in LEGACY_GENERATION_KEYS.items() if old in raw}
+            self.generation_config = AdaFlashGenerationConfig(**legacy)
+        return self.generation_config
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Restrict drafting to `token_ids` (`[K]`, e.g. the target's K most frequent output tokens)."""
@@ -273,9 +307,15 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         """
         if use_cache and cache is None:
             cache = DFlashCache(config=self.config)
+        # The drafter computes in its own dtype, whatever the target's is (e.g. a bf16 drafter beside an fp32 target,
+        # also on transformers' native DFlash path, which hands over the target's embeddings and hidden states as
+        # they are); its output comes back in the dtype of the `noise_embeds` it was given, for the target's LM head.
+        out_dtype = noise_embeds.dtype
+        dtype, device = self.fc.weight.dtype, self.fc.weight.device
+        noise_embeds = noise_embeds.to(device=device, dtype=dtype)
         context = None
         if context_hidden_states is not None and context_hidden_states.shape[1] > 0:
-            context = self.project_context(context_hidden_states.to(noise_embeds.dtype))
+            context = self.project_context(context_hidden_states.to(device=device, dtype=dtype))
         ctx_len = 0 if context is None else context.shape[1]
         q_len = noise_embeds.shape[1]
 
@@ -287,7 +327,8 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
                 f"position_ids must cover the context and the block ({ctx_len} + {q_len}), got {position_ids.shape[-1]}."
             )
 
-        mask = attention_mask
+        position_ids = position_ids.to(device)
+        mask = attention_mask.to(device) if isinstance(attention_mask, torch.Tensor) else attention_mask
         if isinstance(mask, dict):
             mask = mask["full_attention"]
         elif mask is None or mask.dim() == 2:
@@ -308,7 +349,7 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(out_dtype), cache=cache)
 
     # ------------------------------------------------------------------ building and checking pairs
 
@@ -423,6 +464,35 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
                 f"{type(self).__name__} does not match target {type(target).__name__}: " + "; ".join(errors) + "."
             )
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, safetensors only, with the loaded weights checked.
+
+        Pickle weights (`pytorch_model.bin`, ...) are refused: unpickling can run arbitrary code (`use_safetensors`
+        is forced to True; `use_safetensors=False` is an error). After loading, the checkpoint must satisfy what the
+        drafter relies on, else a `ValueError` names the file and tensor: `draft_vocab` present exactly when
+        `config.draft_vocab_size` is set, with that many unique ids in `[0, vocab_size)`; every floating-point
+        weight finite.
+        """
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError(_pickle_refusal("use_safetensors=False"))
+        kwargs["use_safetensors"] = True
+        subfolder = kwargs.get("subfolder") or ""
+        _refuse_explicit_pickle_file(pretrained_model_name_or_path, subfolder, kwargs.get("config"))
+        wants_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        except OSError as error:
+            clearer = _safetensors_only_error(pretrained_model_name_or_path, subfolder, error)
+            if clearer is error:
+                raise
+            raise clearer from error
+        _check_loaded_weights(model, info, pretrained_model_name_or_path, subfolder)
+        model.load_generation_config(pretrained_model_name_or_path, subfolder)
+        return (model, info) if wants_info else model
+
 
 def _default_mask_token_id(text_config, tokenizer) -> int:
     if tokenizer is not None:
@@ -436,6 +506,117 @@ def _default_mask_token_id(text_config, tokenizer) -> int:
     if pad is not None and pad != eos and not (isinstance(eos, list) and pad in eos):
         return pad
     return text_config.vocab_size - 1
+
+
+# Loading checks (used by `from_pretrained`; self-contained: this file is copied next to checkpoints).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _pickle_refusal(what) -> str:
+    return (
+        f"refusing to load pickle-based weights ({what}): unpickling can run arbitrary code. Only safetensors "
+        "checkpoints are loaded; convert them first in a trusted environment, e.g. "
+        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
+    )
+
+
+def _local_folder(path, subfolder: str) -> str | None:
+    import os
+
+    folder = os.path.join(str(path), subfolder)
+    return folder if os.path.isdir(folder) else None
+
+
+def _refuse_explicit_pickle_file(path, subfolder: str, config) -> None:
+    """A config's `transformers_weights` names the weights file and bypasses `use_safetensors`: refuse pickle."""
+    import os
+
+    name = None
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        name = getattr(config, "transformers_weights", None)
+    folder = _local_folder(path, subfolder)
+    if name is None and folder is not None and os.path.isfile(os.path.join(folder, "config.json")):
+        try:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            raw = None  # transformers reports a broken config itself
+        name = raw.get("transformers_weights") if isinstance(raw, dict) else None
+    if name is not None and not str(name).endswith((".safetensors", ".safetensors.index.json")):
+        raise OSError(_pickle_refusal(os.path.join(folder or str(path), str(name))))
+
+
+def _safetensors_only_error(path, subfolder: str, error: OSError) -> OSError:
+    """Our message when transformers found no safetensors weights (pickle files named); else `error` itself."""
+    import os
+
+    folder = _local_folder(path, subfolder)
+    if folder is not None:
+        files = sorted(os.listdir(folder))
+        if any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
+            return error
+        pickles = [os.path.join(folder, f) for f in files if f.endswith(_PICKLE_SUFFIXES)]
+        return OSError(_pickle_refusal(", ".join(pickles))) if pickles else error
+    if "safetensors" in str(error):
+        return OSError(f"{error} Only safetensors weights are loaded: " + _pickle_refusal(f"{path}"))
+    return error
+
+
+def _weights_file(path, subfolder: str, tensor: str) -> str:
+    """The file a tensor was read from, for error messages (the repo id / folder when it cannot be told)."""
+    import os
+
+    folder = _local_folder(path, subfolder)
+    if folder is None:
+        return f"{path}/{subfolder}".rstrip("/")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                return os.path.join(folder, json.load(f)["weight_map"].get(tensor, os.path.basename(index)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return index
+    return os.path.join(folder, "model.safetensors")
+
+
+def _loading_info_has(keys, name: str) -> bool:
+    return any(k == name or (isinstance(k, (tuple, list)) and k and k[0] == name) for k in keys or ())
+
+
+def _check_loaded_weights(model, info: dict, path, subfolder: str) -> None:
+    """Raise one `ValueError` listing every tensor of a loaded drafter that breaks what the drafter relies on."""
+    config, problems = model.config, []
+    where = lambda name: _weights_file(path, subfolder, name)  # noqa: E731
+    k, vocab = config.draft_vocab_size, getattr(model, "draft_vocab", None)
+    if _loading_info_has(info.get("unexpected_keys"), "draft_vocab"):
+        problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' is stored but config.draft_vocab_size is None")
+    elif _loading_info_has(info.get("missing_keys"), "draft_vocab") or _loading_info_has(
+        info.get("mismatched_keys"), "draft_vocab"
+    ):
+        problems.append(f"{where('draft_vocab')}: config.draft_vocab_size is {k} but the checkpoint holds no "
+                        f"'draft_vocab' tensor of {k} ids")
+    elif vocab is not None and vocab.device.type != "meta":
+        ids = vocab.detach().flatten().long().cpu()
+        bad = ids[(ids < 0) | (ids >= config.vocab_size)]
+        if ids.numel() != k:
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' has {ids.numel()} ids, "
+                            f"config.draft_vocab_size is {k}")
+        if bad.numel():
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' has {bad.numel()} ids outside "
+                            f"[0, {config.vocab_size}) (e.g. {bad[:5].tolist()})")
+        unique, counts = ids.unique(return_counts=True)
+        if (counts > 1).any():
+            repeated = unique[counts > 1][:5].tolist()
+            problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' repeats ids {repeated}")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor is None or not tensor.is_floating_point() or tensor.device.type == "meta":
+            continue
+        finite = torch.isfinite(tensor.detach())
+        if not bool(finite.all()):
+            problems.append(f"{where(name)}: tensor {name!r} has non-finite values "
+                            f"({int((~finite).sum())} of {tensor.numel()})")
+    if problems:
+        raise ValueError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
 
 
 __all__ = ["AdaFlashDrafterModel", "AdaFlashDrafterPreTrainedModel"]

@@ -8,6 +8,17 @@ it may import only ``transformers`` / ``huggingface_hub``.
 
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
+from transformers.generation.configuration_utils import GenerationConfig
+
+
+LENGTH_POLICIES = ("auto", "full", "head", "confidence", "heuristic")
+# config.json keys of older checkpoints -> AdaFlashGenerationConfig fields
+LEGACY_GENERATION_KEYS = {
+    "hybrid_lookup": "hybrid_lookup",
+    "allow_no_draft": "allow_no_draft",
+    "lookup_num_tokens": "prompt_lookup_num_tokens",
+    "lookup_max_ngram": "max_matching_ngram_size",
+}
 
 
 @strict
@@ -48,12 +59,6 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
             most frequent outputs, stored as the `draft_vocab` buffer): drafting then multiplies by a
             `[draft_vocab_size, hidden]` slice of the target's LM head instead of the whole vocabulary. Verification
             still uses the full target, so outputs are unchanged; a rare token is simply never drafted.
-        hybrid_lookup (`bool`): also consult n-gram prompt lookup every round and verify whichever proposal is
-            expected to commit more tokens per second (`generation/policy.py`); `False` always drafts.
-        allow_no_draft (`bool`): let that policy also choose to verify no draft at all (plain decoding) when
-            drafting does not pay, so a weak drafter never makes generation slower than plain `generate`.
-            With `hybrid_lookup=False` and `allow_no_draft=False` every round drafts.
-        lookup_num_tokens (`int`), lookup_max_ngram (`int`): prompt-lookup proposal length and longest n-gram.
         initializer_range (`float`): std of the normal init of linear layers.
     """
 
@@ -83,14 +88,14 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
     target_model_type: str | None = None
     tokenizer_fingerprint: str | None = None
     draft_vocab_size: int | None = None
-    hybrid_lookup: bool = True
-    allow_no_draft: bool = True
-    lookup_num_tokens: int = 10
-    lookup_max_ngram: int = 2
     initializer_range: float = 0.02
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
+        # Decoding knobs that older checkpoints kept here now live in `AdaFlashGenerationConfig` (the drafter's
+        # `generation_config.json`); `AdaFlashDrafterModel.from_pretrained` migrates them. Not architecture: dropped.
+        for key in LEGACY_GENERATION_KEYS:
+            kwargs.pop(key, None)
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.layer_types is None:
@@ -128,4 +133,60 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size}).")
 
 
-__all__ = ["AdaFlashDrafterConfig"]
+class AdaFlashGenerationConfig(GenerationConfig):
+    r"""
+    How `adaflash_hf` decodes with a drafter: the drafter's `generation_config` (saved as `generation_config.json`
+    beside its weights, loadable from the Hub), as transformers' `AssistedCandidateGenerator` reads its knobs from
+    `assistant_model.generation_config`. Decoding choices, not architecture: none of this is in `config.json`.
+
+    transformers' own fields keep their meaning:
+        num_assistant_tokens (`int`, *optional*): most drafted tokens verified per round (`None`: the whole block,
+            `block_size - 1`).
+        assistant_confidence_threshold (`float`): the `"confidence"` length policy's threshold.
+        prompt_lookup_num_tokens (`int`), max_matching_ngram_size (`int`): the hybrid n-gram lookup proposal's
+            length and longest n-gram (transformers' `PromptLookupCandidateGenerator`).
+    Ours:
+        length_policy (`str`): how many drafted tokens a round verifies. `"auto"`: the length head when one is
+            attached (`SpeculationRuntime.length_head`), else the whole block; `"full"`: the whole block (up to
+            `num_assistant_tokens`); `"head"`: the length head (required); `"confidence"`: transformers'
+            confidence rule on the block (cut after the first token below `assistant_confidence_threshold`);
+            `"heuristic"`: transformers' heuristic schedule (+2 after a fully accepted round, -1 otherwise).
+        hybrid_lookup (`bool`): also propose the n-gram prompt-lookup continuation; each round (and, in the batched
+            engine, each row) verifies the proposal expected to commit more tokens per second.
+        allow_no_draft (`bool`): the proposal policy may also run plain rounds (no drafter forward, one token per
+            row) when speculation is not paying, so a weak drafter never makes decoding much slower than plain.
+            With `hybrid_lookup=False` and `allow_no_draft=False` every round drafts.
+        policy_decay (`float`): weight of the newest round in the policy's moving averages.
+        policy_explore_every (`int`): an option not chosen for this many rounds is tried again.
+    """
+
+    def __init__(self, length_policy: str = "auto", hybrid_lookup: bool = True, allow_no_draft: bool = True,
+                 policy_decay: float = 0.3, policy_explore_every: int = 16, **kwargs):
+        kwargs.setdefault("prompt_lookup_num_tokens", 10)
+        kwargs.setdefault("max_matching_ngram_size", 2)
+        kwargs.setdefault("assistant_confidence_threshold", 0.4)
+        self.length_policy = length_policy
+        self.hybrid_lookup = bool(hybrid_lookup)
+        self.allow_no_draft = bool(allow_no_draft)
+        self.policy_decay = float(policy_decay)
+        self.policy_explore_every = int(policy_explore_every)
+        super().__init__(**kwargs)
+
+    def validate(self, strict: bool = False, user_set_attributes: set[str] | None = None):
+        super().validate(strict=strict, user_set_attributes=user_set_attributes)
+        errors = []
+        if self.length_policy not in LENGTH_POLICIES:
+            errors.append(f"length_policy must be one of {LENGTH_POLICIES}, got {self.length_policy!r}")
+        if self.num_assistant_tokens is not None and self.num_assistant_tokens < 1:
+            errors.append(f"num_assistant_tokens must be >= 1 or None, got {self.num_assistant_tokens}")
+        if not 0 < self.policy_decay <= 1:
+            errors.append(f"policy_decay must be in (0, 1], got {self.policy_decay}")
+        if self.policy_explore_every < 1:
+            errors.append(f"policy_explore_every must be >= 1, got {self.policy_explore_every}")
+        if not (self.prompt_lookup_num_tokens or 0) >= 1 or not (self.max_matching_ngram_size or 0) >= 1:
+            errors.append("prompt_lookup_num_tokens and max_matching_ngram_size must be >= 1")
+        if errors:
+            raise ValueError("Invalid AdaFlashGenerationConfig: " + "; ".join(errors) + ".")
+
+
+__all__ = ["AdaFlashDrafterConfig", "AdaFlashGenerationConfig"]

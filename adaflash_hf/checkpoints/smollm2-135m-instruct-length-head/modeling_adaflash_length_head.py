@@ -10,6 +10,8 @@ each position whose predecessors were accepted (the standard discrete-time survi
 Copied next to checkpoints (`auto_map`): imports only torch, transformers and its config.
 """
 
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +91,70 @@ class AdaFlashLengthHead(PreTrainedModel):
             bce = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none")
             loss = (bce * mask).sum() / mask.sum().clamp_min(1.0)
         return LengthHeadOutput(loss=loss, logits=logits, survival=survival)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, safetensors only (pickle weights are refused: unpickling can run
+        arbitrary code), and every floating-point weight must be finite (else a `ValueError` names file and tensor).
+        """
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError(_pickle_refusal("use_safetensors=False"))
+        kwargs["use_safetensors"] = True
+        subfolder = kwargs.get("subfolder") or ""
+        folder = os.path.join(str(pretrained_model_name_or_path), subfolder)
+        folder = folder if os.path.isdir(folder) else None
+        _refuse_explicit_pickle_file(folder, kwargs.get("config"))
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except OSError as error:
+            files = sorted(os.listdir(folder)) if folder is not None else []
+            pickles = [os.path.join(folder, f) for f in files if f.endswith(_PICKLE_SUFFIXES)]
+            if pickles and not any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
+                raise OSError(_pickle_refusal(", ".join(pickles))) from error
+            if folder is None and "safetensors" in str(error):
+                raise OSError(f"{error} Only safetensors weights are loaded: "
+                              + _pickle_refusal(str(pretrained_model_name_or_path))) from error
+            raise
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        where = os.path.join(folder, "model.safetensors") if folder is not None else str(pretrained_model_name_or_path)
+        problems = []
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if tensor is None or not tensor.is_floating_point() or tensor.device.type == "meta":
+                continue
+            finite = torch.isfinite(tensor.detach())
+            if not bool(finite.all()):
+                problems.append(f"{where}: tensor {name!r} has non-finite values ({int((~finite).sum())} of "
+                                f"{tensor.numel()})")
+        if problems:
+            raise ValueError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
+        return loaded
+
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _pickle_refusal(what) -> str:
+    return (
+        f"refusing to load pickle-based weights ({what}): unpickling can run arbitrary code. Only safetensors "
+        "checkpoints are loaded; convert them first in a trusted environment, e.g. "
+        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
+    )
+
+
+def _refuse_explicit_pickle_file(folder, config) -> None:
+    """A config's `transformers_weights` names the weights file and bypasses `use_safetensors`: refuse pickle."""
+    name = None
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        name = getattr(config, "transformers_weights", None)
+    if name is None and folder is not None and os.path.isfile(os.path.join(folder, "config.json")):
+        try:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            raw = None  # transformers reports a broken config itself
+        name = raw.get("transformers_weights") if isinstance(raw, dict) else None
+    if name is not None and not str(name).endswith((".safetensors", ".safetensors.index.json")):
+        raise OSError(_pickle_refusal(os.path.join(folder or "", str(name))))
 
 
 __all__ = ["AdaFlashLengthHead", "LengthHeadOutput", "probability_features"]

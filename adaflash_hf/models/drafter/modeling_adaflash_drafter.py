@@ -17,6 +17,7 @@ This file is copied next to saved checkpoints (`auto_map`): it imports only torc
 import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 
-from .configuration_adaflash_drafter import AdaFlashDrafterConfig
+from .configuration_adaflash_drafter import LEGACY_GENERATION_KEYS, AdaFlashDrafterConfig, AdaFlashGenerationConfig
 
 
 def apply_rotary_pos_emb(q, k, cos, sin):
@@ -178,7 +179,12 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         self.register_buffer("draft_vocab", vocab, persistent=True)
         self.gradient_checkpointing = False
         self._head_slice = None
-        self.attach_length_head(None)
+        # Decoding knobs (`generation_config.json` beside the weights), as transformers' assistant models carry them.
+        self.generation_config = AdaFlashGenerationConfig()
+        # What adaflash_hf decodes with besides the weights: length head, cost model, online adapter and the
+        # proposal policy's state (`adaflash_hf.generation.SpeculationRuntime`, attached with `runtime.attach`).
+        # Never saved with the drafter; None until something is attached.
+        self.runtime = None
         self.post_init()
 
     @property
@@ -193,14 +199,42 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
-    def attach_length_head(self, head: nn.Module | None, cost_model=None) -> None:
-        """Attach an adaptive length head (and the target's cost model) used by `generate(assistant_model=...)`.
+    def generate(self, *args, **kwargs):
+        """Refused: a block drafter drafts from the target's hidden states and cannot decode on its own.
 
-        They are kept outside the module tree on purpose: the drafter's checkpoint stays the drafter alone, and the
-        head is saved / pushed as its own model. `None` detaches.
+        transformers calls this when the drafter is passed as a plain assistant model (`generate(assistant_model=
+        drafter)` without `speculation_type`, and without `import adaflash_hf`). It is reached before any forward.
         """
-        object.__setattr__(self, "length_head", head)
-        object.__setattr__(self, "cost_model", cost_model)
+        raise TypeError(
+            f"{type(self).__name__} is a block (DFlash) drafter: it drafts from the target's hidden states and cannot "
+            "generate on its own. Use `target.generate(..., assistant_model=drafter, speculation_type='dflash')` "
+            "(transformers' DFlash path), or `import adaflash_hf` first and pass `assistant_model=drafter`."
+        )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, plus the drafter's `generation_config.json` (its decoding knobs)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(save_directory)
+        return result
+
+    def load_generation_config(self, pretrained_model_name_or_path, subfolder: str = "") -> "AdaFlashGenerationConfig":
+        """Set `self.generation_config` from a checkpoint: its `generation_config.json`, else the decoding keys that
+        older checkpoints kept in `config.json` (migrated), else the defaults. Returns it."""
+        folder = Path(pretrained_model_name_or_path) / subfolder
+        if not folder.is_dir():  # a Hub repository
+            try:
+                self.generation_config = AdaFlashGenerationConfig.from_pretrained(
+                    pretrained_model_name_or_path, subfolder=subfolder)
+            except OSError:
+                self.generation_config = AdaFlashGenerationConfig()
+        elif (folder / "generation_config.json").is_file():
+            self.generation_config = AdaFlashGenerationConfig.from_pretrained(folder)
+        else:
+            raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+            legacy = {new: raw[old] for old, new in LEGACY_GENERATION_KEYS.items() if old in raw}
+            self.generation_config = AdaFlashGenerationConfig(**legacy)
+        return self.generation_config
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Restrict drafting to `token_ids` (`[K]`, e.g. the target's K most frequent output tokens)."""
@@ -273,9 +307,15 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         """
         if use_cache and cache is None:
             cache = DFlashCache(config=self.config)
+        # The drafter computes in its own dtype, whatever the target's is (e.g. a bf16 drafter beside an fp32 target,
+        # also on transformers' native DFlash path, which hands over the target's embeddings and hidden states as
+        # they are); its output comes back in the dtype of the `noise_embeds` it was given, for the target's LM head.
+        out_dtype = noise_embeds.dtype
+        dtype, device = self.fc.weight.dtype, self.fc.weight.device
+        noise_embeds = noise_embeds.to(device=device, dtype=dtype)
         context = None
         if context_hidden_states is not None and context_hidden_states.shape[1] > 0:
-            context = self.project_context(context_hidden_states.to(noise_embeds.dtype))
+            context = self.project_context(context_hidden_states.to(device=device, dtype=dtype))
         ctx_len = 0 if context is None else context.shape[1]
         q_len = noise_embeds.shape[1]
 
@@ -287,7 +327,8 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
                 f"position_ids must cover the context and the block ({ctx_len} + {q_len}), got {position_ids.shape[-1]}."
             )
 
-        mask = attention_mask
+        position_ids = position_ids.to(device)
+        mask = attention_mask.to(device) if isinstance(attention_mask, torch.Tensor) else attention_mask
         if isinstance(mask, dict):
             mask = mask["full_attention"]
         elif mask is None or mask.dim() == 2:
@@ -308,7 +349,7 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(out_dtype), cache=cache)
 
     # ------------------------------------------------------------------ building and checking pairs
 
@@ -449,6 +490,7 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
                 raise
             raise clearer from error
         _check_loaded_weights(model, info, pretrained_model_name_or_path, subfolder)
+        model.load_generation_config(pretrained_model_name_or_path, subfolder)
         return (model, info) if wants_info else model
 
 

@@ -7,14 +7,22 @@
 from .generation import (
     AdaFlashBatchGenerator,
     AdaFlashCandidateGenerator,
+    SpeculationRuntime,
     SpeculationStats,
     TargetCostModel,
     batched_generate,
     check_pair,
     generate_batch,
+    speculative_decoding,
 )
 from .generation import install as _install_generation_hook
-from .models import AdaFlashDrafterConfig, AdaFlashDrafterModel, AdaFlashLengthHead, AdaFlashLengthHeadConfig
+from .models import (
+    AdaFlashDrafterConfig,
+    AdaFlashDrafterModel,
+    AdaFlashGenerationConfig,
+    AdaFlashLengthHead,
+    AdaFlashLengthHeadConfig,
+)
 
 
 _install_generation_hook()
@@ -25,11 +33,14 @@ __all__ = [
     "AdaFlashCandidateGenerator",
     "AdaFlashDrafterConfig",
     "AdaFlashDrafterModel",
+    "AdaFlashGenerationConfig",
     "AdaFlashLengthHead",
     "AdaFlashLengthHeadConfig",
+    "SpeculationRuntime",
     "SpeculationStats",
     "TargetCostModel",
     "batched_generate",
     "check_pair",
     "generate_batch",
+    "speculative_decoding",
 ]

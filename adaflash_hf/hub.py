@@ -237,8 +237,9 @@ def stage_drafter_repo(drafter, folder, bench_summary, *, repo_id: str, target_m
     check_staging_folder(folder)
     summary = load_bench_summary(bench_summary)
     target_model = target_model or target_model_from_bench(summary)
-    length_head = length_head if length_head is not None else drafter.length_head
-    cost_model = cost_model if cost_model is not None else drafter.cost_model
+    runtime = getattr(drafter, "runtime", None)
+    length_head = length_head if length_head is not None else getattr(runtime, "length_head", None)
+    cost_model = cost_model if cost_model is not None else getattr(runtime, "cost_model", None)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_drafter_folder(drafter, folder, length_head=length_head, cost_model=cost_model)

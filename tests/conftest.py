@@ -1,11 +1,13 @@
 """Shared fixtures: tiny random Llama targets and drafters built for them."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import adaflash_hf
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf import AdaFlashDrafterModel, AdaFlashGenerationConfig
 
 
 VOCAB = 96
@@ -87,18 +89,55 @@ def tiny_target():
 ALWAYS_DRAFT = {"hybrid_lookup": False, "allow_no_draft": False}  # every round drafts (tests of the drafter path)
 
 
+def with_knobs(drafter, **knobs):
+    """Give `drafter` a generation config with these knobs (the way users set decoding choices)."""
+    drafter.generation_config = AdaFlashGenerationConfig(**knobs)
+    return drafter
+
+
+def split_knobs(kwargs: dict) -> tuple[dict, dict]:
+    """`(generation knobs, config overrides)` of mixed keyword arguments."""
+    names = set(inspect.signature(AdaFlashGenerationConfig.__init__).parameters) | {
+        "num_assistant_tokens", "assistant_confidence_threshold", "prompt_lookup_num_tokens",
+        "max_matching_ngram_size"}
+    return {k: v for k, v in kwargs.items() if k in names}, {k: v for k, v in kwargs.items() if k not in names}
+
+
+def build_drafter(target, num_layers=1, block_size=4, seed=None, **kwargs):
+    """A random drafter for `target`; generation knobs among `kwargs` go to its generation config (default: every
+    round drafts), the rest to `from_target`."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    knobs, overrides = split_knobs({**ALWAYS_DRAFT, **kwargs})
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=num_layers, block_size=block_size, **overrides)
+    return with_knobs(drafter.eval(), **knobs)
+
+
 @pytest.fixture
 def tiny_drafter(tiny_target):
-    torch.manual_seed(1)
-    return AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4, **ALWAYS_DRAFT).eval()
+    return build_drafter(tiny_target, seed=1)
 
 
-def make_oracle(target, reference, block_size=5, error_rate=0.3, seed=0, **config_overrides):
+def make_oracle(target, reference, block_size=5, error_rate=0.3, seed=0, **kwargs):
     torch.manual_seed(seed)
-    overrides = {**ALWAYS_DRAFT, **config_overrides}
+    knobs, overrides = split_knobs({**ALWAYS_DRAFT, **kwargs})
     config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, **overrides).config
-    drafter = OracleDrafter(config).eval()
+    drafter = with_knobs(OracleDrafter(config).eval(), **knobs)
     return drafter.setup_oracle(target, reference, error_rate=error_rate, seed=seed)
 
 
 assert adaflash_hf.generation.is_installed()
+
+
+def speculate(target, prompt, drafter, **kwargs):
+    """`target.generate(prompt, assistant_model=drafter, ...)` -> `(sequences, SpeculationStats or None)`."""
+    out = target.generate(prompt, assistant_model=drafter, return_dict_in_generate=True, **kwargs)
+    return out.sequences, getattr(out, "speculation_stats", None)
+
+
+def device_cost(points: dict, draft: float = 0.0):
+    """A hand-made `TargetCostModel` stamped as measured on this CPU (so it is applied, not re-calibrated)."""
+    from adaflash_hf.generation.cost_model import TargetCostModel, device_name
+
+    return TargetCostModel(points=points, draft={b: draft for b in points}, device=device_name("cpu"),
+                           dtype="float32", threads=torch.get_num_threads())

@@ -5,19 +5,19 @@ import torch
 from transformers import DynamicCache
 
 from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.generation import SpeculationRuntime
 from adaflash_hf.generation.batch import (
     AdaFlashBatchGenerator,
-    batch_verify_lengths,
     batched_generate,
     generate_batch,
     rejection_sample,
 )
-from adaflash_hf.generation import batch as batch_module
-from adaflash_hf.generation.batch_state import MeasuredCost, RaggedCache, SpeculationSwitch
-from adaflash_hf.generation.cost_model import TargetCostModel
+from adaflash_hf.generation.cost_model import TargetCostModel, verify_lengths
+from adaflash_hf.generation.policy import ProposalPolicy
+from adaflash_hf.generation.ragged_cache import RaggedCache
 from adaflash_hf.models.length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
-from .conftest import ALWAYS_DRAFT, VOCAB, make_tiny_target
+from .conftest import ALWAYS_DRAFT, VOCAB, build_drafter, device_cost, make_tiny_target, with_knobs
 
 
 class BatchedOracle(AdaFlashDrafterModel):
@@ -72,20 +72,20 @@ def _reference(target, prompt, max_new):
     return out[0, len(prompt):].tolist()
 
 
-def _oracle_runner(target, prompts, max_new, block_size=5, error_rate=0.3, seed=0, speculation="always",
+def _oracle_runner(target, prompts, max_new, block_size=5, error_rate=0.3, seed=0, knobs=None, runtime=None,
                    **runner_kwargs):
+    """An engine over a `BatchedOracle`; `knobs`: generation-config overrides (default: every round drafts)."""
     references = [p + _reference(target, p, max_new + block_size) for p in prompts]
     torch.manual_seed(seed)
-    config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, **ALWAYS_DRAFT).config
-    drafter = BatchedOracle(config).eval()
-    runner = AdaFlashBatchGenerator(target, drafter, speculation=speculation, **runner_kwargs)
+    config = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size).config
+    drafter = with_knobs(BatchedOracle(config).eval(), **{**ALWAYS_DRAFT, **(knobs or {})})
+    runner = AdaFlashBatchGenerator(target, drafter, runtime=runtime, **runner_kwargs)
     drafter.setup_oracle(target, references, lambda: runner, error_rate=error_rate, seed=seed)
     return runner
 
 
-def _random_drafter(target, block_size=4, seed=1):
-    torch.manual_seed(seed)
-    return AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, **ALWAYS_DRAFT).eval()
+def _random_drafter(target, block_size=4, seed=1, **knobs):
+    return build_drafter(target, block_size=block_size, seed=seed, **knobs)
 
 
 def _head(drafter, bias=None, seed=0):
@@ -100,7 +100,7 @@ def _head(drafter, bias=None, seed=0):
     return head
 
 
-COST = TargetCostModel(points={1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7}, 8: {1: 2.0, 2: 2.2, 4: 2.6, 8: 3.4}})
+COST = device_cost({1: {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7}, 8: {1: 2.0, 2: 2.2, 4: 2.6, 8: 3.4}}, draft=0.2)
 
 
 # ---------------------------------------------------------------------------------------------------- greedy
@@ -112,10 +112,9 @@ def test_oracle_greedy_rows_equal_bs1_generate(block_size):
     prompts = _prompts(8, seed=block_size)
     max_new = 20
     runner = _oracle_runner(target, prompts, max_new, block_size=block_size, error_rate=0.3, seed=block_size)
-    out = runner.generate(prompts, max_new)
+    out, stats = runner.generate(prompts, max_new, return_stats=True)
     for i, prompt in enumerate(prompts):
         assert out[i] == _reference(target, prompt, max_new), f"row {i} differs from plain greedy"
-    stats = runner.stats
     assert sum(map(sum, stats.accepted)) > stats.rounds  # the oracle's drafts were mostly accepted
     # One drafter forward per round, except rounds where no row may draft (one token left): the drafter is skipped.
     assert stats.rounds - 1 <= stats.drafter_forwards <= stats.rounds and stats.prefill_forwards == 1
@@ -127,7 +126,7 @@ def test_random_drafter_greedy_rows_equal_bs1_generate():
     target = make_tiny_target(seed=1)
     drafter = _random_drafter(target, block_size=4)
     prompts = _prompts(10, seed=1)
-    out, stats = generate_batch(target, drafter, prompts, 18, return_stats=True, speculation="always")
+    out, stats = generate_batch(target, drafter, prompts, 18, return_stats=True)
     assert out == [_reference(target, p, 18) for p in prompts]
     assert stats.rounds >= 17 - 1  # a random drafter accepts (almost) nothing
     assert stats.compactions > 0  # rejected slots piled up and were compacted away
@@ -174,9 +173,8 @@ def test_more_prompts_than_max_batch_size(continuous):
     target.generation_config.eos_token_id = expected[2][5]
     expected = [_reference(target, p, max_new) for p in prompts]
     runner = _oracle_runner(target, prompts, max_new, block_size=4, error_rate=0.4, seed=4)
-    out = runner.generate(prompts, max_new, max_batch_size=3, continuous=continuous)
+    out, stats = runner.generate(prompts, max_new, max_batch_size=3, continuous=continuous, return_stats=True)
     assert out == expected
-    stats = runner.stats
     assert max(stats.batch_sizes) == 3 and stats.prefill_forwards >= 3
     if continuous:  # waiting prompts joined the running batch as rows finished
         assert stats.prefill_joins >= 2
@@ -189,39 +187,45 @@ def test_length_policies_are_lossless(policy):
     target = make_tiny_target(seed=5)
     prompts = _prompts(6, seed=5)
     max_new, block = 20, 6
-    kwargs = {
-        "fixed_full": dict(fixed_length=block - 1),
-        "fixed_2": dict(fixed_length=2),
-        "fixed_0": dict(fixed_length=0),
-    }.get(policy, {})
-    runner = _oracle_runner(target, prompts, max_new, block_size=block, error_rate=0.3, seed=5, **kwargs)
+    knobs = {
+        "fixed_full": dict(length_policy="full", num_assistant_tokens=block - 1),
+        "fixed_2": dict(length_policy="full", num_assistant_tokens=2),
+        "fixed_0": dict(length_policy="full"),
+    }.get(policy, {"length_policy": "head"})
+    runtime = None
     if policy.startswith("head"):
         bias = {"head": None, "head_rejects": -20.0, "head_accepts": 20.0}[policy]
-        runner.length_head, runner.cost_model = _head(runner.drafter, bias), COST
-    out = runner.generate(prompts, max_new)
+        runtime = SpeculationRuntime(length_head=_head(_random_drafter(target, block_size=block), bias),
+                                     cost_model=COST)
+    runner = _oracle_runner(target, prompts, max_new, block_size=block, error_rate=0.3, seed=5, knobs=knobs,
+                            runtime=runtime)
+    if policy == "fixed_0":  # fixed_length=0: no drafting at all (plain batched decoding)
+        out, stats = generate_batch(target, runner.drafter, prompts, max_new, fixed_length=0, return_stats=True)
+    else:
+        out, stats = runner.generate(prompts, max_new, return_stats=True)
     assert out == [_reference(target, p, max_new) for p in prompts]
-    verified = [v for row in runner.stats.verified for v in row]
+    verified = [v for row in stats.verified for v in row]
     if policy in ("fixed_0", "head_rejects"):
-        assert set(verified) == {0} and set(runner.stats.verify_widths) == {1}
+        assert set(verified) == {0} and set(stats.verify_widths) == {1}
     elif policy == "fixed_2":
         assert max(verified) == 2
     elif policy in ("fixed_full", "head_accepts"):
         assert max(verified) == block - 1
-        assert sum(map(sum, runner.stats.accepted)) > 0
+        assert sum(map(sum, stats.accepted)) > 0
 
 
-def test_batch_verify_lengths_joint_choice():
+def test_verify_lengths_joint_choice():
     survival = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.01, 0.0, 0.0, 0.0]])
     budgets = torch.tensor([4, 4])
     flat = TargetCostModel(points={2: {1: 1.0, 8: 1.0}})  # verifying more is free: everything
-    assert batch_verify_lengths(survival, budgets, flat).tolist() == [4, 4]
+    assert verify_lengths(survival, budgets, flat).tolist() == [4, 4]
     steep = TargetCostModel(points={2: {1: 1.0, 2: 10.0, 8: 80.0}})  # every extra token is very expensive
-    assert batch_verify_lengths(survival, budgets, steep).tolist() == [0, 0]
+    assert verify_lengths(survival, budgets, steep).tolist() == [0, 0]
     both = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.9, 0.8, 0.7, 0.6]])
-    assert batch_verify_lengths(both, torch.tensor([1, 3]), flat).tolist() == [1, 3]  # budgets cap rows
+    assert verify_lengths(both, torch.tensor([1, 3]), flat).tolist() == [1, 3]  # budgets cap rows
     # Ties (no row gains anything from more tokens) pick the shortest length.
-    assert batch_verify_lengths(torch.zeros(2, 4), budgets, flat).tolist() == [0, 0]
-    assert batch_verify_lengths(survival, budgets, None).tolist() == [4, 4]
+    assert verify_lengths(torch.zeros(2, 4), budgets, flat).tolist() == [0, 0]
+    assert verify_lengths(survival, budgets, None).tolist() == [4, 4]
 
 
 def test_draft_vocabulary_with_batches():
@@ -229,7 +233,9 @@ def test_draft_vocabulary_with_batches():
     prompts = _prompts(5, seed=6)
     runner = _oracle_runner(target, prompts, 15, block_size=5, error_rate=0.1, seed=6)
     runner.drafter.set_draft_vocab(torch.arange(0, VOCAB, 2))
-    assert runner.generate(prompts, 15) == [_reference(target, p, 15) for p in prompts]
+    out, stats = runner.generate(prompts, 15, return_stats=True)
+    assert out == [_reference(target, p, 15) for p in prompts]
+    assert sum(map(sum, stats.accepted)) > 0
 
 
 def test_aggressive_compaction_and_tensor_input():
@@ -241,8 +247,9 @@ def test_aggressive_compaction_and_tensor_input():
     mask = torch.zeros_like(ids)
     for r, p in enumerate(prompts):
         ids[r, : len(p)], mask[r, : len(p)] = torch.tensor(p), 1
-    assert runner.generate(ids, 14, attention_mask=mask) == [_reference(target, p, 14) for p in prompts]
-    assert runner.stats.compactions > 0
+    out, stats = runner.generate(ids, 14, attention_mask=mask, return_stats=True)
+    assert out == [_reference(target, p, 14) for p in prompts]
+    assert stats.compactions > 0
 
 
 def test_ragged_cache_merge_select_compact_keep_attention():
@@ -275,33 +282,14 @@ def test_ragged_cache_merge_select_compact_keep_attention():
 # ---------------------------------------------------------------------------------------------------- plain fallback
 
 
-def test_speculation_switch_explores_and_exploits():
-    switch = SpeculationSwitch(explore_every=5, warmup=2)
-    rates = {"draft": (16, 2.0), "plain": (16, 1.0)}  # plain commits twice as many tokens per second
-    arms = []
-    for _ in range(30):
-        arm = switch.choose()
-        arms.append(arm)
-        switch.record(arm, *rates[arm])
-    assert arms[:2] == ["draft", "plain"]  # both tried first
-    assert arms[2:].count("plain") >= 24 and 1 <= arms[2:].count("draft") <= 3  # exploits, explores less and less
-    assert switch.arms["draft"].interval > switch.explore_every  # each lost retry doubled the wait
-    rates["draft"] = (64, 2.0)  # speculation starts paying: the next exploration round switches back
-    arms = []
-    for _ in range(60):
-        arms.append(arm := switch.choose())
-        switch.record(arm, *rates[arm])
-    assert arms[-20:].count("draft") >= 17 and switch.arms["draft"].interval == 0
-
-
 def test_always_wrong_drafter_falls_back_to_plain_rounds():
     target = make_tiny_target(seed=12)
     prompts = _prompts(6, seed=12)
     max_new = 30
-    runner = _oracle_runner(target, prompts, max_new, block_size=5, error_rate=1.0, seed=12, speculation="auto")
-    out = runner.generate(prompts, max_new)
+    runner = _oracle_runner(target, prompts, max_new, block_size=5, error_rate=1.0, seed=12,
+                            knobs={"allow_no_draft": True}, runtime=SpeculationRuntime(cost_model=COST))
+    out, stats = runner.generate(prompts, max_new, return_stats=True)
     assert out == [_reference(target, p, max_new) for p in prompts]
-    stats = runner.stats
     assert sum(map(sum, stats.accepted)) == 0
     assert stats.plain_rounds >= 2 * stats.rounds // 3 and stats.drafter_forwards <= stats.rounds // 3
     assert stats.drafter_forwards + stats.plain_rounds == stats.rounds
@@ -310,54 +298,42 @@ def test_always_wrong_drafter_falls_back_to_plain_rounds():
 def test_perfect_drafter_keeps_speculating():
     target = make_tiny_target(seed=13)
     prompts = _prompts(4, seed=13)
-    runner = _oracle_runner(target, prompts, 24, block_size=6, error_rate=0.0, seed=13, speculation="auto")
-    assert runner.generate(prompts, 24) == [_reference(target, p, 24) for p in prompts]
-    assert runner.stats.drafter_forwards > runner.stats.plain_rounds
+    runner = _oracle_runner(target, prompts, 24, block_size=6, error_rate=0.0, seed=13,
+                            knobs={"allow_no_draft": True}, runtime=SpeculationRuntime(cost_model=COST))
+    out, stats = runner.generate(prompts, 24, return_stats=True)
+    assert out == [_reference(target, p, 24) for p in prompts]
+    assert stats.drafter_forwards > stats.plain_rounds
 
 
-def test_measured_cost_corrects_the_static_model():
-    cost = MeasuredCost(COST)
-    assert cost.seconds(4, 8) == COST.seconds(4, 8)  # nothing timed yet: the static model
-    cost.observe(1, 8, 2.0)
-    cost.observe(8, 8, 6.8)  # wide forwards cost twice what the static model says
-    assert cost.seconds(1, 8) == 2.0 and cost.seconds(8, 8) == 6.8
-    assert cost.seconds(7, 8) == pytest.approx(COST.seconds(7, 8) * 2.0)  # nearest timed width's ratio
-    assert cost.seconds(2, 8) == pytest.approx(COST.seconds(2, 8))
-    assert cost.seconds(2, 1) == COST.seconds(2, 1)  # other batch sizes: untouched
-    cost.observe(1, 8, 3.0)
-    assert cost.seconds(1, 8) == pytest.approx(2.3)  # moving average
-    survival = torch.full((8, 7), 0.5)
-    assert int(batch_verify_lengths(survival, torch.full((8,), 7), cost).max()) < 7
+class _ScriptedPolicy(ProposalPolicy):
+    """Drafts every third round and decodes plainly otherwise."""
 
-
-class _ScriptedSwitch(SpeculationSwitch):
-    def choose(self):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True):
         self.round += 1
         return "draft" if self.round % 3 == 1 else "plain"
 
 
-def test_plain_rounds_keep_the_drafter_context(monkeypatch):
+def test_plain_rounds_keep_the_drafter_context():
     """After plain rounds the drafter sees the skipped context: its block equals that of an always-drafting run."""
     target = make_tiny_target(seed=14)
     prompts = _prompts(4, seed=14)
 
-    def blocks(speculation):
-        runner = AdaFlashBatchGenerator(target, _random_drafter(target, block_size=4, seed=3),
-                                        speculation=speculation)
-        seen, draft = {}, runner._draft
+    def blocks(runtime):
+        runner = AdaFlashBatchGenerator(target, _random_drafter(target, block_size=4, seed=3), runtime=runtime)
+        seen, forward = {}, runner._drafter_forward
 
         def recording(batch):
             anchors = list(zip(batch.prompt_idx, batch.next_pos.tolist()))
-            states = draft(batch)
+            queries, states = forward(batch)
             seen.update({key: states[r] for r, key in enumerate(anchors)})
-            return states
+            return queries, states
 
-        runner._draft = recording
-        return runner.generate(prompts, 16), runner.stats, seen
+        runner._drafter_forward = recording
+        out, stats = runner.generate(prompts, 16, return_stats=True)
+        return out, stats, seen
 
-    out_always, _, always = blocks("always")
-    monkeypatch.setattr(batch_module, "SpeculationSwitch", _ScriptedSwitch)
-    out_scripted, stats, scripted = blocks("auto")
+    out_always, _, always = blocks(None)
+    out_scripted, stats, scripted = blocks(SpeculationRuntime(policy=_ScriptedPolicy(), cost_model=COST))
     assert out_scripted == out_always == [_reference(target, p, 16) for p in prompts]
     assert stats.plain_rounds > stats.drafter_forwards > 1
     common = set(always) & set(scripted)
@@ -394,8 +370,7 @@ def test_sampling_matches_target_distribution():
     drafter = _random_drafter(target, block_size=4, seed=2)
     prompt, n, positions = [5, 1, 2], 600, [1, 2]
     torch.manual_seed(0)
-    out, stats = generate_batch(target, drafter, [prompt] * n, 3, do_sample=True, return_stats=True,
-                                speculation="always")
+    out, stats = generate_batch(target, drafter, [prompt] * n, 3, do_sample=True, return_stats=True)
     accepted, verified = sum(map(sum, stats.accepted)), sum(map(sum, stats.verified))
     assert 0 < accepted < verified  # drafts were both accepted and rejected: rejection sampling ran
     torch.manual_seed(1)

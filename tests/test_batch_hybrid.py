@@ -1,24 +1,23 @@
-"""Batched engine: hybrid n-gram lookup proposals per row and OnlineSpec feedback (`generation/batch_proposals.py`)."""
+"""Batched engine: hybrid n-gram lookup proposals per row (`generation/lookup.py`) and OnlineSpec feedback
+(`generation/feedback.py`)."""
 
 import pytest
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from adaflash_hf import AdaFlashDrafterModel
-from adaflash_hf.generation import batch as batch_module
+from adaflash_hf.generation import SpeculationRuntime
 from adaflash_hf.generation.batch import AdaFlashBatchGenerator, generate_batch, rejection_sample
-from adaflash_hf.generation.batch_proposals import RowLookup
-from adaflash_hf.generation.batch_state import SpeculationSwitch
+from adaflash_hf.generation.lookup import RowLookup
+from adaflash_hf.generation.policy import ProposalPolicy
 from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig
 
-from .conftest import VOCAB, make_tiny_target
-from .test_batch import _prompts, _reference
+from .conftest import VOCAB, build_drafter, make_tiny_target
+from .test_batch import COST, _prompts, _reference
 
 
-def _drafter(target, hybrid=True, block_size=4, seed=1, **overrides):
-    torch.manual_seed(seed)
-    return AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size, hybrid_lookup=hybrid,
-                                            allow_no_draft=False, **overrides).eval()
+def _drafter(target, hybrid=True, block_size=4, seed=1, **knobs):
+    """A random drafter; by default lookup continuations may replace its blocks but every round drafts."""
+    return build_drafter(target, block_size=block_size, seed=seed, **{"hybrid_lookup": hybrid, **knobs})
 
 
 def _mixed_prompts(n, seed, vocab=VOCAB):
@@ -41,16 +40,20 @@ def _lookup_stats(stats):
 
 
 def test_row_lookup_reuses_transformers_matcher_and_caps():
-    drafter_config = _drafter(make_tiny_target(), hybrid=True).config
-    lookup = RowLookup(drafter_config, eos={7})
+    lookup = RowLookup(num_tokens=10, max_ngram=2, eos={7})
     text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # "1 2" was followed by "3 4 5 6", then EOS 7
     assert lookup.propose([text, text, [9, 8], [9, 9], [4]], [10, 2, 5, 5, 5]) == [[3, 4, 5, 6], [3, 4], [], [9], []]
-    # Untried arms: the proposal lengths decide; afterwards the per-row averages of accepted tokens.
-    assert lookup.use_lookup(0, 3, 3) and not lookup.use_lookup(0, 2, 3) and not lookup.use_lookup(0, 0, 0)
-    lookup.record([0, 1], ["lookup", "drafter"], [0, 3])
-    assert not lookup.use_lookup(0, 3, 1)  # row 0: lookup accepted nothing, the drafter's batch average is 3
-    lookup.record([0], ["drafter"], [0])
-    assert lookup.use_lookup(0, 3, 3)  # row 0's own drafter average (0) now beats the batch's
+
+
+def test_row_source_uses_each_rows_own_averages():
+    policy = ProposalPolicy()
+    # Untried sources: the proposal lengths decide; afterwards the per-row averages of accepted tokens.
+    assert policy.row_source(0, 3, 3) == "lookup" and policy.row_source(0, 2, 3) == "drafter"
+    assert policy.row_source(0, 0, 0) == "drafter"
+    policy.record([0, 1], ["lookup", "drafter"], [0, 3])
+    assert policy.row_source(0, 3, 1) == "drafter"  # row 0: lookup accepted nothing, the batch's drafter: 3
+    policy.record([0], ["drafter"], [0])
+    assert policy.row_source(0, 3, 3) == "lookup"  # row 0's own drafter average (0) now beats the batch's
 
 
 def test_rejection_sample_one_hot_rows_follow_p():
@@ -77,8 +80,9 @@ def test_hybrid_greedy_rows_equal_bs1_generate(speculation):
     target = make_tiny_target(seed=21)
     prompts = _mixed_prompts(8, seed=21)
     max_new = 24
-    out, stats = generate_batch(target, _drafter(target, block_size=5), prompts, max_new, return_stats=True,
-                                speculation=speculation)
+    drafter = _drafter(target, block_size=5, allow_no_draft=speculation == "auto")
+    out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True,
+                                runtime=SpeculationRuntime(cost_model=COST))
     assert out == [_reference(target, p, max_new) for p in prompts]
     accepted, verified = _lookup_stats(stats)
     assert accepted > 0 and verified > 0  # rows verified (and the target accepted) lookup continuations
@@ -93,8 +97,8 @@ def test_hybrid_greedy_rows_equal_bs1_generate(speculation):
 def test_hybrid_off_keeps_the_drafter_only_engine():
     target = make_tiny_target(seed=22)
     prompts = _mixed_prompts(6, seed=22)
-    out, stats = generate_batch(target, _drafter(target, hybrid=False), prompts, 16, return_stats=True,
-                                speculation="auto")
+    out, stats = generate_batch(target, _drafter(target, hybrid=False, allow_no_draft=True), prompts, 16,
+                                return_stats=True, runtime=SpeculationRuntime(cost_model=COST))
     assert out == [_reference(target, p, 16) for p in prompts]
     assert stats.lookup_rounds == 0 and "lookup" not in {s for row in stats.sources for s in row}
 
@@ -102,18 +106,19 @@ def test_hybrid_off_keeps_the_drafter_only_engine():
 def test_lookup_is_cut_to_the_verify_width_of_speculative_rounds():
     target = make_tiny_target(seed=23)
     prompts = _mixed_prompts(6, seed=23)
-    runner = AdaFlashBatchGenerator(target, _drafter(target, block_size=8), fixed_length=2, speculation="always")
-    assert runner.generate(prompts, 20) == [_reference(target, p, 20) for p in prompts]
-    assert _lookup_stats(runner.stats)[1] > 0
-    assert max(v for row in runner.stats.verified for v in row) <= 2 and max(runner.stats.verify_widths) == 3
+    out, stats = generate_batch(target, _drafter(target, block_size=8), prompts, 20, fixed_length=2,
+                                return_stats=True)
+    assert out == [_reference(target, p, 20) for p in prompts]
+    assert _lookup_stats(stats)[1] > 0
+    assert max(v for row in stats.verified for v in row) <= 2 and max(stats.verify_widths) == 3
 
 
-class _LookupFirstSwitch(SpeculationSwitch):
-    """Alternates lookup rounds (when offered) and speculative rounds."""
+class _LookupFirstPolicy(ProposalPolicy):
+    """Alternates lookup rounds (when some row has a match) and speculative rounds."""
 
-    def choose(self, options=None):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True):
         self.round += 1
-        return "lookup" if options and "lookup" in options and self.round % 2 else "draft"
+        return "lookup" if max(lookup_lens) > 0 and self.round % 2 else "draft"
 
 
 @pytest.mark.parametrize("mode", ["lookup_rounds", "in_speculative_rounds"])
@@ -121,14 +126,16 @@ def test_hybrid_sampling_matches_target_distribution(monkeypatch, mode):
     target = make_tiny_target(seed=11, vocab_size=8, hidden_size=32, num_layers=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(0.4)
+    policy = ProposalPolicy()
     if mode == "lookup_rounds":  # lookup-only rounds (q=None) alternate with speculative rounds
-        monkeypatch.setattr(batch_module, "SpeculationSwitch", _LookupFirstSwitch)
+        policy = _LookupFirstPolicy()
     else:  # every row with a match swaps its lookup continuation into a speculative round (mixed q / one-hot rows)
-        monkeypatch.setattr(RowLookup, "use_lookup", lambda self, i, k, d: k > 0 and i % 2 == 0)
+        monkeypatch.setattr(ProposalPolicy, "row_source",
+                            lambda self, i, k, d: "lookup" if k > 0 and i % 2 == 0 else "drafter")
     prompt, n, new = [5, 1, 2, 5, 1, 2, 5, 1], 600, 5
     torch.manual_seed(0)
     out, stats = generate_batch(target, _drafter(target, block_size=4, seed=2), [prompt] * n, new, do_sample=True,
-                                return_stats=True, speculation="auto" if mode == "lookup_rounds" else "always")
+                                return_stats=True, runtime=SpeculationRuntime(policy=policy))
     accepted, verified = _lookup_stats(stats)
     assert 0 < accepted < verified  # lookup drafts accepted and rejected
     assert (stats.lookup_rounds > 0) == (mode == "lookup_rounds")
@@ -155,20 +162,19 @@ def test_online_feedback_replays_each_rows_batched_draft(monkeypatch):
     feedbacks = []
     monkeypatch.setattr(adapter, "observe", lambda fb, lm_head: feedbacks.append(fb))
     prompts = _mixed_prompts(6, seed=24)
-    runner = AdaFlashBatchGenerator(target, drafter, speculation="always")
-    drafted, draft = [], runner._draft
+    runner = AdaFlashBatchGenerator(target, drafter)
+    drafted, forward = [], runner._drafter_forward
 
     def recording(batch):
-        states = draft(batch)
+        queries, states = forward(batch)
         drafted.extend((i, int(pos), states[r]) for r, (i, pos) in enumerate(zip(batch.prompt_idx, batch.next_pos)))
-        return states
+        return queries, states
 
-    runner._draft = recording
+    runner._drafter_forward = recording
     max_new = 18
-    out = runner.generate(prompts, max_new)
+    out, stats = runner.generate(prompts, max_new, return_stats=True)
     references = [p + _reference(target, p, max_new + 4) for p in prompts]
     assert out == [r[len(p): len(p) + max_new] for r, p in zip(references, prompts)]
-    stats = runner.stats
     expected = sum(s == "drafter" and v > 0 for srcs, ver in zip(stats.sources, stats.verified)
                    for s, v in zip(srcs, ver))
     assert len(feedbacks) == expected > 0 and "lookup" in {s for row in stats.sources for s in row}
@@ -194,8 +200,8 @@ def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid):
     snapshots, rounds = [], []
     for call in range(2):
         prompts = _mixed_prompts(5, seed=25 + call)
-        out, stats = generate_batch(target, drafter, prompts, 16, return_stats=True, speculation="always",
-                                    max_batch_size=3, continuous=True)
+        out, stats = generate_batch(target, drafter, prompts, 16, return_stats=True, max_batch_size=3,
+                                    continuous=True)
         assert out == [_reference(target, p, 16) for p in prompts], f"call {call}: the adapter changed the output"
         drafted = sum(s == "drafter" and v > 0 for srcs, ver in zip(stats.sources, stats.verified)
                       for s, v in zip(srcs, ver))

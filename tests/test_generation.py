@@ -11,7 +11,7 @@ from transformers.generation.utils import GenerationMixin
 
 from adaflash_hf import AdaFlashCandidateGenerator, AdaFlashDrafterModel
 
-from .conftest import ALWAYS_DRAFT, VOCAB, make_oracle, make_tiny_target
+from .conftest import VOCAB, build_drafter, make_oracle, make_tiny_target, speculate
 
 
 PATHS = [None, "dflash"]  # None: our generator through plain generate; "dflash": transformers' native generator
@@ -34,10 +34,13 @@ def test_greedy_equals_plain_on_many_prompts(block_size, path):
         reference = target.generate(prompt, max_new_tokens=max_new + block_size, do_sample=False)
         drafter = make_oracle(target, reference, block_size=block_size, error_rate=0.35, seed=i)
         expected = reference[:, : prompt.shape[1] + max_new]
-        out = target.generate(prompt, max_new_tokens=max_new, do_sample=False, assistant_model=drafter, speculation_type=path)
+        out, stats = speculate(target, prompt, drafter, max_new_tokens=max_new, do_sample=False,
+                               speculation_type=path)
         assert torch.equal(out, expected), f"prompt {i}: speculative output differs from plain greedy"
         if path is None:
-            accepted += sum(drafter.generation_stats.accepted)
+            accepted += sum(stats.accepted)
+        else:
+            assert stats is None  # transformers' native path: no statistics of ours
     if path is None:
         assert accepted > 0  # the oracle's drafts were (partly) accepted: the acceptance path ran
 
@@ -70,10 +73,10 @@ def test_max_length_inside_a_block(max_new):
     prompt = _prompts(1, seed=4)[0]
     reference = target.generate(prompt, max_new_tokens=20, do_sample=False)
     drafter = make_oracle(target, reference, block_size=8, error_rate=0.0)  # every draft accepted
-    out = target.generate(prompt, max_new_tokens=max_new, assistant_model=drafter)
+    out, stats = speculate(target, prompt, drafter, max_new_tokens=max_new)
     assert torch.equal(out, reference[:, : prompt.shape[1] + max_new])
     # Our generator never proposes tokens past max_length (the native one does and discards them).
-    assert all(d <= max_new for d in drafter.generation_stats.drafted)
+    assert all(d <= max_new for d in stats.drafted) and (len(stats.drafted) > 0 or max_new == 1)
 
 
 def test_stats_count_rounds_and_tau():
@@ -81,8 +84,7 @@ def test_stats_count_rounds_and_tau():
     prompt = _prompts(1, seed=5)[0]
     reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
     drafter = make_oracle(target, reference, block_size=6, error_rate=0.0)
-    target.generate(prompt, max_new_tokens=25, assistant_model=drafter)
-    stats = drafter.generation_stats
+    _, stats = speculate(target, prompt, drafter, max_new_tokens=25)
     # The prefill commits the first token; then every round commits its accepted drafts + 1 target token.
     assert 1 + sum(a + 1 for a in stats.accepted) == 25
     assert stats.tau > 4.0 and stats.rounds == len(stats.drafted)
@@ -128,12 +130,14 @@ def _token_histograms(target, drafter, n_samples, positions, seed):
     counts = torch.zeros(len(positions), target.config.vocab_size)
     prompt = torch.tensor([[5, 1, 2]])
     torch.manual_seed(seed)
+    accepted = 0
     for _ in range(n_samples):
         out = target.generate(prompt, max_new_tokens=max(positions) + 1, do_sample=True, temperature=1.0, top_k=0,
-                              top_p=1.0, assistant_model=drafter)
+                              top_p=1.0, assistant_model=drafter, return_dict_in_generate=True)
+        accepted += sum(out.speculation_stats.accepted) if drafter is not None else 0
         for row, pos in enumerate(positions):
-            counts[row, out[0, prompt.shape[1] + pos]] += 1
-    return counts / n_samples
+            counts[row, out.sequences[0, prompt.shape[1] + pos]] += 1
+    return counts / n_samples, accepted
 
 
 def test_sampling_uses_rejection_sampling_and_matches_target_distribution(monkeypatch):
@@ -141,8 +145,7 @@ def test_sampling_uses_rejection_sampling_and_matches_target_distribution(monkey
     target = make_tiny_target(seed=11, vocab_size=8, hidden_size=32, num_layers=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(0.4)
-    torch.manual_seed(2)
-    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4, **ALWAYS_DRAFT).eval()
+    drafter = build_drafter(target, block_size=4, seed=2)
 
     import transformers.generation.utils as gen_utils
 
@@ -154,10 +157,10 @@ def test_sampling_uses_rejection_sampling_and_matches_target_distribution(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(gen_utils, "_speculative_sampling", spy)
-    speculative = _token_histograms(target, drafter, 600, positions=[1, 2], seed=0)
+    speculative, accepted = _token_histograms(target, drafter, 600, positions=[1, 2], seed=0)
     assert calls, "do_sample=True must go through transformers' speculative (rejection) sampling"
-    assert sum(drafter.generation_stats.accepted) > 0
-    plain = _token_histograms(target, None, 600, positions=[1, 2], seed=1)
+    assert accepted > 0
+    plain, _ = _token_histograms(target, None, 600, positions=[1, 2], seed=1)
     total_variation = 0.5 * (speculative - plain).abs().sum(dim=-1)
     assert (total_variation < 0.12).all(), f"sampled distributions differ: TV={total_variation.tolist()}"
 
@@ -179,11 +182,11 @@ def test_draft_vocabulary_restricts_proposals_and_stays_lossless(do_sample):
         return logits, ids
 
     drafter.draft_logits = spy
-    out = target.generate(prompt, max_new_tokens=30, do_sample=do_sample, assistant_model=drafter)
+    out, stats = speculate(target, prompt, drafter, max_new_tokens=30, do_sample=do_sample)
     assert proposed and all(t % 2 == 0 for t in proposed)
     if not do_sample:
         assert torch.equal(out, reference[:, : prompt.shape[1] + 30])
-        assert sum(drafter.generation_stats.accepted) > 0
+        assert sum(stats.accepted) > 0
 
 
 def test_draft_vocabulary_is_saved_and_loaded(tmp_path, tiny_target, tiny_drafter):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from adaflash_hf import AdaFlashDrafterConfig, AdaFlashDrafterModel
+from adaflash_hf import AdaFlashDrafterConfig, AdaFlashDrafterModel, SpeculationRuntime
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.hub import (
     load_bench_summary,
@@ -38,8 +38,8 @@ BENCH = {
     "config": {"target": "testbed:SmolLM2-135M-Instruct", "n_prompts": 8, "max_new_tokens": 64, "dtype": "float32",
                "threads": 2},
 }
-DRAFTER_FILES = {"README.md", "bench.json", "config.json", "model.safetensors", "configuration_adaflash_drafter.py",
-                 "modeling_adaflash_drafter.py"}
+DRAFTER_FILES = {"README.md", "bench.json", "config.json", "generation_config.json", "model.safetensors",
+                 "configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py"}
 HEAD_FILES = {f"length_head/{f}" for f in ("README.md", "config.json", "model.safetensors", "cost_model.json",
                                            "configuration_adaflash_length_head.py",
                                            "modeling_adaflash_length_head.py")}
@@ -128,7 +128,7 @@ def test_staged_repository_layout_and_cards(tmp_path, drafter, head):
 def test_push_drafter_stages_then_calls_the_api(tmp_path, drafter, head):
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps(BENCH))
-    drafter.attach_length_head(head, COST)  # the attached head is pushed by default
+    SpeculationRuntime(length_head=head, cost_model=COST).attach(drafter)  # the attached head is pushed by default
     api = FakeApi()
     result = push_drafter(drafter, REPO, bench_file, private=True, token="hf_x", api=api,
                           training_method="KL distillation")
@@ -309,6 +309,12 @@ def test_templates_ship_in_the_wheel(tmp_path):
         names = set(archive.namelist())
         archive.extractall(tmp_path / "site")
     assert {f"adaflash_hf/model_cards/{n}.md" for n in TEMPLATE_NAMES} <= names
+    # The shipped checkpoints travel with their model code (`auto_map`) and their generation config.
+    from adaflash_hf.checkpoints import code_copies
+
+    shipped = {"adaflash_hf/" + str(copy.relative_to(REPO_ROOT / "adaflash_hf")) for _, copy in code_copies()}
+    assert shipped and shipped <= names
+    assert "adaflash_hf/checkpoints/smollm2-135m-instruct-drafter/generation_config.json" in names
     script = (
         "import adaflash_hf, pathlib, sys\n"
         "from adaflash_hf.hub import render_drafter_card, template_path\n"

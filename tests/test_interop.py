@@ -164,7 +164,7 @@ def test_adaflash_threshold_head_is_refused_by_name_or_dropped(tmp_path, drafter
     with pytest.raises(CheckpointError, match=r"ThreshHeadTwoModel.*drop_unsupported_heads=True"):
         load_dflash_checkpoint(src)
     loaded = load_dflash_checkpoint(src, drop_unsupported_heads=True)
-    assert torch.equal(outputs(loaded), outputs(drafter)) and loaded.length_head is None
+    assert torch.equal(outputs(loaded), outputs(drafter)) and loaded.runtime is None  # nothing attached
     # The same tensors without the config flag are simply unexpected.
     stray = write_zlab(tmp_path / "stray", drafter, tensors=_thresh_head_tensors())
     with pytest.raises(CheckpointError, match=r"unexpected tensors \['thresh_head_two_model"):
@@ -231,7 +231,8 @@ def test_our_layout_loads_with_its_length_head(tmp_path, drafter):
     save_drafter_folder(drafter, tmp_path / "a", length_head=head, cost_model=cost)
     loaded = load_dflash_checkpoint(tmp_path / "a")
     assert torch.equal(outputs(loaded), outputs(drafter))
-    assert isinstance(loaded.length_head, AdaFlashLengthHead) and loaded.cost_model.points == cost.points
+    assert isinstance(loaded.runtime.length_head, AdaFlashLengthHead)
+    assert loaded.runtime.cost_model.points == cost.points
 
 
 def test_draft_vocabulary_is_dropped_by_default_with_a_warning_of_its_cost(tmp_path, drafter, caplog):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModel, TrainingArguments
 
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf import AdaFlashDrafterModel, SpeculationRuntime
 from adaflash_hf.generation.cost_model import TargetCostModel, best_length
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 from adaflash_hf.training.length_head import (
@@ -14,7 +14,7 @@ from adaflash_hf.training.length_head import (
     length_metrics,
 )
 
-from .conftest import make_oracle, make_tiny_target, record_tiny_dataset
+from .conftest import device_cost, make_oracle, make_tiny_target, record_tiny_dataset, speculate
 
 
 def _head(hidden=64, block=6, bias=0.0):
@@ -60,12 +60,12 @@ def test_generation_with_a_length_head_is_lossless_and_truncates(bias, expect_dr
     prompt = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(2))
     reference = target.generate(prompt, max_new_tokens=40, do_sample=False)
     drafter = make_oracle(target, reference, block_size=6, error_rate=0.2)
-    drafter.attach_length_head(_head(bias=bias), TargetCostModel(points={1: {1: 0.05, 8: 0.09}}))
-    out = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    SpeculationRuntime(length_head=_head(bias=bias), cost_model=device_cost({1: {1: 0.05, 8: 0.09}})).attach(drafter)
+    out, stats = speculate(target, prompt, drafter, max_new_tokens=30, do_sample=False)
     assert torch.equal(out, reference[:, : prompt.shape[1] + 30])
-    drafted = drafter.generation_stats.drafted
-    assert (max(drafted) > 0) == expect_drafts
-    assert len(drafter.generation_stats.survival) > 0
+    assert (max(stats.drafted) > 0) == expect_drafts
+    # the head ran in every round that could draft (all but the last, which has no tokens left to draft)
+    assert len(stats.survival) == len(stats.drafted) - 1 > 0
 
 
 def test_collect_train_and_save_a_length_head(tmp_path):

@@ -18,13 +18,11 @@ from adaflash_hf.online import (
     regret,
 )
 
-from .conftest import ALWAYS_DRAFT, VOCAB, make_tiny_target
+from .conftest import VOCAB, build_drafter, make_tiny_target
 
 
-def _drafter(target, seed=1, block_size=4, **overrides):
-    torch.manual_seed(seed)
-    return AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=block_size,
-                                            **{**ALWAYS_DRAFT, **overrides}).eval()
+def _drafter(target, seed=1, block_size=4, **kwargs):
+    return build_drafter(target, block_size=block_size, seed=seed, **kwargs)
 
 
 def _prompt(seed=0, length=8):
@@ -83,10 +81,10 @@ def test_adam_first_step_is_lr_times_sign_and_rollback_state_restores():
 def test_hedge_weights_follow_exponential_of_cumulative_loss():
     hedge = Hedge(3, eta=0.5)
     hedge.update([1.0, 2.0, 4.0])
-    hedge.update([1.0, 0.0, 0.0])
-    expected = torch.softmax(-0.5 * torch.tensor([2.0, 2.0, 4.0]), dim=0)
+    hedge.update([1.5, 0.0, 0.0])
+    expected = torch.softmax(-0.5 * torch.tensor([2.5, 2.0, 4.0]), dim=0)
     assert torch.allclose(torch.tensor(hedge.weights), expected)
-    assert hedge.leader in (0, 1)
+    assert hedge.leader == 1  # the least cumulative loss, though not the least loss in the first round
 
 
 # ------------------------------------------------------------------------------------------------ the adapter
@@ -98,7 +96,7 @@ def test_attach_leaves_base_weights_and_detach_restores_modules():
     before = {k: v.clone() for k, v in drafter.state_dict().items()}
     trainable = {n: p.requires_grad for n, p in drafter.named_parameters()}
     adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
-    assert drafter.online_adapter is adapter
+    assert drafter.runtime.online_adapter is adapter
     for seed in range(5):
         adapter.observe(_feedback(drafter, target, seed=seed), target.lm_head)
     assert adapter.stats.updates == 5
@@ -110,7 +108,7 @@ def test_attach_leaves_base_weights_and_detach_restores_modules():
     after = drafter.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert {n: p.requires_grad for n, p in drafter.named_parameters()} == trainable
-    assert drafter.online_adapter is None
+    assert drafter.runtime.online_adapter is None
 
 
 def test_cache_stays_exact_after_an_update():
@@ -209,7 +207,7 @@ def test_save_load_round_trip(tmp_path, algorithm):
     adapter.save_pretrained(tmp_path / "adapter")
     fresh = _drafter(target)
     loaded = OnlineSpecAdapter.from_pretrained(fresh, tmp_path / "adapter")
-    assert fresh.online_adapter is loaded and loaded.config == adapter.config
+    assert fresh.runtime.online_adapter is loaded and loaded.config == adapter.config
     for name in adapter.config.adapter_names:
         assert all(torch.equal(a, b) for a, b in zip(adapter._params(name), loaded._params(name)))
     fb = _feedback(drafter, target, seed=42)
@@ -335,10 +333,13 @@ def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algori
         assert moved == (adapter.learners[name].lr > 0), name
     result = regret(adapter, target.lm_head, epochs=2)
     assert result["rounds"] == adapter.stats.rounds
-    assert result["best_fixed"] <= result["static"]
-    assert math.isclose(result["regret"], result["online"] - result["best_fixed"])
+    assert result["fitted"] < result["static"]  # the stream is learnable: a fixed adapter fitted to it does better
     assert [m for m in drafter.modules() if isinstance(m, BaseTunerLayer)][0].lora_A.keys() == set(
         adapter.config.adapter_names)  # the hindsight adapter was removed again
+    adapter.detach()  # the comparator's "static" term is the drafter without any LoRA
+    with torch.no_grad():
+        static = sum(float(adapter.round_loss(fb, target.lm_head)) for fb in adapter.stream)
+    assert math.isclose(static, result["static"], rel_tol=1e-4)
 
 
 def test_logits_processors_defer_learning_to_raw_logits():

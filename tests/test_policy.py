@@ -1,39 +1,74 @@
-"""The proposal policy (drafter / prompt lookup / no draft) and the hybrid generator built on it."""
+"""The one proposal policy of both engines (drafter block / prompt lookup / plain round) and the bs=1 generator on it."""
+
+import random
+import time
 
 import torch
 
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf.generation import SpeculationRuntime
 from adaflash_hf.generation.policy import ProposalPolicy
 
-from .conftest import make_oracle, make_tiny_target
+from .conftest import build_drafter, device_cost, make_oracle, make_tiny_target, speculate
 
 
-def test_policy_prefers_the_arm_with_more_tokens_per_second():
+# verify(n tokens, 1 row): 1.0 s for 1 token, 1.2 s for 5; a drafting step costs 0.3 s.
+CHEAP_DRAFT = device_cost({1: {1: 1.0, 5: 1.2}}, draft=0.3)
+DEAR_DRAFT = device_cost({1: {1: 1.0, 5: 1.2}}, draft=2.0)
+
+
+def test_policy_tries_every_arm_then_picks_the_most_tokens_per_predicted_second():
     policy = ProposalPolicy(explore_every=1000)
-    # Untried arms are tried first (optimistic), in order.
-    assert policy.choose(lookup_available=True) == "drafter"
-    policy.record("drafter", accepted=1, seconds=0.1)  # 20 tok/s
-    assert policy.choose(lookup_available=True) == "lookup"
-    policy.record("lookup", accepted=4, seconds=0.1)  # 50 tok/s
-    assert policy.choose(lookup_available=True) == "none"
-    policy.record("none", accepted=0, seconds=0.05)  # 20 tok/s
-    assert policy.choose(lookup_available=True) == "lookup"
-    assert policy.choose(lookup_available=False) in ("drafter", "none")
-    assert policy.choose(lookup_available=False, allow_none=False) == "drafter"
+    rows, lookups, budgets = [0], [4], [4]
+    assert policy.choose(rows, lookups, budgets, CHEAP_DRAFT) == "draft"  # untried arms first, in order
+    policy.record(rows, ["drafter"], [1], [4])
+    assert policy.choose(rows, lookups, budgets, CHEAP_DRAFT) == "lookup"
+    policy.record(rows, ["lookup"], [4], [4])
+    assert policy.choose(rows, lookups, budgets, CHEAP_DRAFT) == "plain"
+    # lookup: (1 + 4) / 1.2 s = 4.2 tok/s > draft: (1 + 1) / (0.3 + 1.2) s = 1.3 > plain: 1 / 1.0 s
+    assert policy.choose(rows, lookups, budgets, CHEAP_DRAFT) == "lookup"
+    assert policy.choose(rows, [0], budgets, CHEAP_DRAFT) == "draft"  # no lookup match: drafting still pays
+    assert policy.choose(rows, [0], budgets, DEAR_DRAFT) == "plain"  # (1 + 1) / 3.2 s < 1 / 1.0 s
+    assert policy.choose(rows, [0], budgets, DEAR_DRAFT, allow_no_draft=False) == "draft"
+    assert policy.choose(rows, [4], [0], CHEAP_DRAFT) == "lookup"  # a row that may not draft can still look up
 
 
-def test_policy_moving_average_and_exploration():
+def test_policy_moving_averages_and_count_based_exploration():
     policy = ProposalPolicy(decay=0.5, explore_every=3)
-    for arm, acc in (("drafter", 3), ("none", 0)):
-        policy.choose(lookup_available=False)
-        policy.record(arm, accepted=acc, seconds=0.1)
-    policy.record("drafter", accepted=1, seconds=0.1)
-    assert policy.arms["drafter"].accepted == 2.0  # 3 + 0.5 * (1 - 3)
-    chosen = []
-    for _ in range(8):
-        chosen.append(policy.choose(lookup_available=False))
-        policy.record(chosen[-1], accepted=3 if chosen[-1] == "drafter" else 0, seconds=0.1)
-    assert "none" in chosen and chosen.count("drafter") > chosen.count("none")  # explored, but exploits
+    policy.record([0], ["drafter"], [3], [4])
+    policy.record([0], ["drafter"], [1], [2])
+    assert policy.accepted["drafter"] == 2.0 and policy.width == 3.0  # 3 + 0.5 * (1 - 3); 4 + 0.5 * (2 - 4)
+    for arm in ("draft", "plain"):  # both tried at round 0
+        policy.arms[arm].tried, policy.arms[arm].last_round = True, 0
+    chosen = [policy.choose([0], [0], [4], DEAR_DRAFT) for _ in range(12)]
+    # plain wins on predictions; draft is retried after 3 rounds, then after 6 (the gap doubles while it loses)
+    assert chosen == ["plain"] * 3 + ["draft"] + ["plain"] * 6 + ["draft"] + ["plain"]
+
+
+def test_policy_choices_are_a_function_of_counts_and_costs_only():
+    def run(seed):
+        rng = random.Random(seed)
+        policy, chosen = ProposalPolicy(explore_every=5), []
+        for i in range(200):
+            lookups = [rng.choice([0, 0, 3]) for _ in range(4)]
+            arm = policy.choose(list(range(4)), lookups, [5, 5, 2, 0], CHEAP_DRAFT)
+            chosen.append(arm)
+            sources = {"draft": "drafter", "lookup": "lookup", "plain": "none"}[arm]
+            policy.record(list(range(4)), [sources] * 4, [rng.randint(0, 3) for _ in range(4)], [5, 5, 2, 0])
+        return chosen
+
+    assert run(0) == run(0) and run(0) != run(1) and len(set(run(0))) == 3
+
+
+def test_reset_and_frozen():
+    policy = ProposalPolicy()
+    policy.record([0], ["drafter"], [3], [4])
+    policy.choose([0], [0], [4], CHEAP_DRAFT)
+    policy.frozen = True
+    policy.record([0], ["drafter"], [0], [4])
+    assert policy.accepted["drafter"] == 3.0  # frozen: the estimates do not move
+    policy.reset()
+    assert policy.accepted["drafter"] is None and policy.round == 0 and policy.frozen
+    assert not any(a.tried for a in policy.arms.values())
 
 
 def test_hybrid_uses_lookup_on_repetitive_text_and_stays_lossless():
@@ -42,28 +77,54 @@ def test_hybrid_uses_lookup_on_repetitive_text_and_stays_lossless():
     reference = target.generate(prompt, max_new_tokens=60, do_sample=False)
     # A drafter that is always wrong: only lookup (or no draft) can win.
     drafter = make_oracle(target, reference, block_size=5, error_rate=1.0, hybrid_lookup=True, allow_no_draft=True)
-    out = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter)
+    SpeculationRuntime(cost_model=CHEAP_DRAFT).attach(drafter)
+    out, stats = speculate(target, prompt, drafter, max_new_tokens=40, do_sample=False)
     assert torch.equal(out, reference[:, : prompt.shape[1] + 40])
-    assert "lookup" in drafter.generation_stats.proposers
+    assert stats.proposers.count("lookup") > stats.proposers.count("drafter")
 
 
-def test_weak_drafter_falls_back_to_no_draft_and_good_one_keeps_drafting():
+def test_weak_drafter_falls_back_to_plain_rounds_and_good_one_keeps_drafting():
     target = make_tiny_target(seed=9)
     prompt = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(9))
     reference = target.generate(prompt, max_new_tokens=80, do_sample=False)
     bad = make_oracle(target, reference, block_size=6, error_rate=1.0, allow_no_draft=True)
     good = make_oracle(target, reference, block_size=6, error_rate=0.0, allow_no_draft=True)
-    for drafter in (bad, good):
-        out = target.generate(prompt, max_new_tokens=60, do_sample=False, assistant_model=drafter)
+    proposers = {}
+    for name, drafter in (("bad", bad), ("good", good)):
+        SpeculationRuntime(cost_model=CHEAP_DRAFT).attach(drafter)
+        out, stats = speculate(target, prompt, drafter, max_new_tokens=60, do_sample=False)
         assert torch.equal(out, reference[:, : prompt.shape[1] + 60])
-    assert bad.generation_stats.proposers.count("none") > bad.generation_stats.proposers.count("drafter")
-    assert good.generation_stats.proposers.count("drafter") > good.generation_stats.proposers.count("none")
+        proposers[name] = stats.proposers
+    assert proposers["bad"].count("none") > 3 * proposers["bad"].count("drafter")
+    assert proposers["good"].count("drafter") > 3 * proposers["good"].count("none")
 
 
-def test_policy_state_persists_across_generate_calls(tiny_target):
-    drafter = AdaFlashDrafterModel.from_target(tiny_target, num_layers=1, block_size=4).eval()
+def test_policy_adapts_across_generate_calls_and_can_be_reset(tiny_target):
+    drafter = build_drafter(tiny_target, hybrid_lookup=True, allow_no_draft=True)
+    SpeculationRuntime(cost_model=CHEAP_DRAFT).attach(drafter)
     tiny_target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=6, assistant_model=drafter)
-    policy = drafter.proposal_policy
+    policy = drafter.runtime.policy
     rounds = policy.round
     tiny_target.generate(torch.tensor([[4, 5, 6]]), max_new_tokens=6, assistant_model=drafter)
-    assert drafter.proposal_policy is policy and policy.round > rounds
+    assert drafter.runtime.policy is policy and policy.round > rounds
+    policy.reset()
+    assert policy.round == 0
+
+
+def test_seeded_sampling_is_reproducible_under_any_clock(tiny_target, monkeypatch):
+    """Same seed + same starting policy state -> same output, whatever the wall clock says (the policy never
+    reads it); the three proposal kinds all occur."""
+    prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
+    drafter = build_drafter(tiny_target, block_size=4, hybrid_lookup=True, allow_no_draft=True)
+    rng = random.Random(0)
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + rng.uniform(0, 100))  # a wildly loaded machine
+    outputs, proposers = [], []
+    for _ in range(3):
+        SpeculationRuntime(cost_model=CHEAP_DRAFT).attach(drafter)  # the same starting state
+        torch.manual_seed(1234)
+        out, stats = speculate(tiny_target, prompt, drafter, max_new_tokens=30, do_sample=True)
+        outputs.append(out)
+        proposers.append(stats.proposers)
+    assert all(torch.equal(o, outputs[0]) for o in outputs) and proposers[0] == proposers[1] == proposers[2]
+    assert {"drafter", "none"} <= set(proposers[0])

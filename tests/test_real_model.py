@@ -40,11 +40,11 @@ def test_greedy_speculative_equals_plain_on_eval_prompts(testbed, path):
         for record in prompts:
             inputs = _inputs(tokenizer, record["prompt"])
             plain = target.generate(**inputs, max_new_tokens=40, do_sample=False)
-            spec = target.generate(**inputs, max_new_tokens=40, do_sample=False, assistant_model=drafter,
-                                   speculation_type=path, tokenizer=tokenizer)
-            assert torch.equal(spec, plain), f"[{record['domain']}] {record['prompt'][:80]!r}"
+            out = target.generate(**inputs, max_new_tokens=40, do_sample=False, assistant_model=drafter,
+                                  speculation_type=path, tokenizer=tokenizer, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, plain), f"[{record['domain']}] {record['prompt'][:80]!r}"
             if path is None:
-                accepted += sum(drafter.generation_stats.accepted)
+                accepted += sum(out.speculation_stats.accepted)
     if path is None and default_drafter_dir() is not None:
         assert accepted > 0  # the shipped drafter is trained: its drafts are accepted on real prompts
 
@@ -55,10 +55,10 @@ def test_sampling_runs_on_the_real_model(testbed):
     torch.manual_seed(0)
     with torch.inference_mode():
         out = target.generate(**inputs, max_new_tokens=24, do_sample=True, temperature=0.8, top_p=0.95,
-                              assistant_model=drafter)
-    n_new = out.shape[1] - inputs["input_ids"].shape[1]
+                              assistant_model=drafter, return_dict_in_generate=True)
+    n_new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
     assert 0 < n_new <= 24
-    assert drafter.generation_stats.rounds > 0
+    assert out.speculation_stats.rounds > 0
 
 
 def test_wrong_tokenizer_is_refused_before_compute(testbed):
@@ -75,3 +75,71 @@ def test_wrong_tokenizer_is_refused_before_compute(testbed):
     inputs = _inputs(tokenizer, prompts[0]["prompt"])
     with pytest.raises(ValueError, match="tokenizer"):
         target.generate(**inputs, max_new_tokens=4, assistant_model=drafter, tokenizer=OtherTokenizer())
+
+
+# ------------------------------------------------------------------------------------- the README's recipes as written
+
+
+README_RECIPE = """
+import adaflash_hf  # registers the drafter with the Auto classes and teaches generate() to use it
+from adaflash_hf import AdaFlashDrafterModel
+
+drafter = AdaFlashDrafterModel.from_pretrained(DRAFTER)
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=48)   # same text, fewer target forwards
+"""
+
+
+def test_readme_recipe_with_the_shipped_drafter_as_written(testbed):
+    """The README's first code block, verbatim: the shipped drafter is stored in bf16, the target is fp32."""
+    target, tokenizer, _, prompts = testbed
+    path = default_drafter_dir()
+    if path is None:
+        pytest.skip("no shipped drafter")
+    for record in prompts[::2]:
+        inputs = _inputs(tokenizer, record["prompt"])
+        scope = {"target": target, "inputs": inputs, "DRAFTER": path}
+        exec(README_RECIPE, scope)
+        drafter = scope["drafter"]
+        assert drafter.dtype == torch.bfloat16 and target.dtype == torch.float32
+        plain = target.generate(**inputs, max_new_tokens=48)
+        assert torch.equal(scope["out"], plain), record["prompt"][:80]
+        native = target.generate(**inputs, assistant_model=drafter, max_new_tokens=48, speculation_type="dflash")
+        assert torch.equal(native, plain), record["prompt"][:80]
+
+
+REMOTE_REAL = """
+import sys, torch
+sys.modules["adaflash_hf"] = None  # adaflash_hf not installed: transformers only
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+drafter = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+target = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32).eval()
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+inputs = tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[3]}], add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)
+plain = target.generate(**inputs, max_new_tokens=32, do_sample=False)
+spec = target.generate(**inputs, max_new_tokens=32, do_sample=False, assistant_model=drafter,
+                       speculation_type="dflash")
+assert drafter.dtype == torch.bfloat16 and torch.equal(plain, spec)
+print("REMOTE_REAL_OK")
+"""
+
+
+def test_readme_recipe_without_the_package_installed(testbed, tmp_path):
+    """`AutoModel.from_pretrained(folder, trust_remote_code=True)` + `speculation_type="dflash"`, in a process
+    where `import adaflash_hf` fails, on the shipped folder as it is installed."""
+    import subprocess
+    import sys
+
+    from adaflash_hf.testbed import ensure_converted
+
+    path = default_drafter_dir()
+    if path is None:
+        pytest.skip("no shipped drafter")
+    _, _, _, prompts = testbed
+    script = tmp_path / "remote.py"
+    script.write_text(REMOTE_REAL)
+    result = subprocess.run([sys.executable, str(script), str(path), str(ensure_converted()), prompts[0]["prompt"]],
+                            capture_output=True, text=True, timeout=600,
+                            env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
+                                 "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 0 and "REMOTE_REAL_OK" in result.stdout, result.stderr[-3000:]

@@ -1,16 +1,30 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""The target's verification cost, and the verify length that maximises committed tokens per second.
+"""What a speculative round costs on the device it runs on, and the verify lengths that pay the most.
 
-`TargetCostModel` holds measured latencies of one target forward that verifies `n` tokens per sequence for a
-batch of `b` sequences, over a cached context, interpolated linearly between measured points (and extrapolated
-from the last two). `calibrate` measures it on the machine at hand in a few seconds; `save`/`load` keep it as JSON.
+`TargetCostModel` holds measured latencies of
 
-`best_length(survival, ...)` picks `L` in 0..len(survival) maximising
-    (E[accepted drafts among the first L] + 1) / (fixed round cost + verify(L + 1 tokens)),
-where `E[accepted among the first L] = sum_{k<=L} S(k)` and `S(k)` is the length head's survival.
+* one target forward that verifies `n` tokens per row for `b` rows over a cached context (`points[b][n]`), and
+* one drafting step for `b` rows: a drafter forward over a block plus the draft logits (`draft[b]`),
+
+interpolated linearly between measured points (in `n` and in `b`; extrapolated from the last two). It records the
+device, dtype and CPU threads it was measured with: numbers from a 2-core CPU say nothing about a GPU, where a forward
+of 1-16 tokens x 1-64 rows costs about the same (launch-bound). `calibrate` measures it (synchronizing the device
+before every clock read, so GPU timings are kernels, not launches); `cost_model_for` returns the one measured for
+the current target/drafter/device/dtype/threads from a cache under `~/.cache/adaflash_hf/cost_models`, calibrating
+it once (seconds) when missing and saying so in the log. A cost model from another device is never applied silently.
+
+`verify_lengths(survival, budgets, cost, ...)` is the one length rule of both engines (bs=1 is `b = 1`): the padded
+verify forward costs the same for every row, so all rows verify `min(M, budget_r)` drafted tokens with the `M`
+maximising the batch's expected committed tokens per second of round time
+
+    sum_r (1 + sum_{k <= min(M, budget_r)} S_r(k)) / (fixed_seconds + cost.seconds(M + 1, b)),
+
+where `S_r(k)` is the length head's survival (P(the first k drafted tokens of row r are all accepted)).
 """
 
+import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,86 +32,290 @@ from pathlib import Path
 import torch
 
 
+logger = logging.getLogger(__name__)
+
+DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (CUDA, XPU, MPS, ...; a no-op on CPU) before reading a clock."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    module = getattr(torch, device.type, None)
+    sync = getattr(module, "synchronize", None)
+    if sync is not None:
+        sync(device) if device.type in ("cuda", "xpu") else sync()
+
+
+def device_name(device) -> str:
+    """`"cpu"`, or the accelerator's type and model name, e.g. `"cuda:NVIDIA H200"`."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+def _interp(xs_ys: dict[int, float], x: float) -> float:
+    """Piecewise-linear interpolation over `{x: y}`, extrapolated from the two points at either end."""
+    xs = sorted(xs_ys)
+    if len(xs) == 1:
+        return xs_ys[xs[0]]
+    if x <= xs[0]:
+        lo, hi = xs[0], xs[1]
+    elif x >= xs[-1]:
+        lo, hi = xs[-2], xs[-1]
+    else:
+        hi = next(v for v in xs if v >= x)
+        lo = xs[xs.index(hi) - 1]
+    slope = (xs_ys[hi] - xs_ys[lo]) / (hi - lo)
+    return max(xs_ys[lo] + slope * (x - lo), 1e-9)
+
+
 @dataclass
 class TargetCostModel:
-    """Latency (seconds) of a verification forward: `points[batch_size][num_tokens] = seconds`."""
+    """Latencies (seconds) of one speculative round's forwards on one device (module docstring).
+
+    Attributes:
+        points: `points[batch_size][num_tokens]` seconds of a verify forward of `num_tokens` per row.
+        draft: `draft[batch_size]` seconds of one drafting step (drafter forward + draft logits); empty: unknown (0).
+        device, dtype, threads: what the numbers were measured on (`device_name`, e.g. "cpu", "cuda:NVIDIA H200").
+        key: fingerprint of the target/drafter shapes the numbers describe (`cost_key`).
+    """
 
     points: dict[int, dict[int, float]] = field(default_factory=dict)
+    draft: dict[int, float] = field(default_factory=dict)
     context_length: int = 256
+    device: str = ""
+    dtype: str = ""
+    threads: int = 0
+    key: str = ""
     description: str = ""
 
     def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
-        """Interpolated latency of verifying `num_tokens` per row for `batch_size` rows."""
+        """Latency of verifying `num_tokens` per row for `batch_size` rows (interpolated)."""
         if not self.points:
-            raise ValueError("empty cost model: run TargetCostModel.calibrate(target) or load one.")
-        sizes = sorted(self.points)
-        b = min(sizes, key=lambda s: (abs(s - batch_size), s))
-        per_b = self.points[b]
-        scale = batch_size / b  # rough extrapolation across batch sizes not measured
-        xs = sorted(per_b)
-        if num_tokens <= xs[0]:
-            return per_b[xs[0]] * scale
-        for lo, hi in zip(xs, xs[1:]):
-            if num_tokens <= hi:
-                t = (num_tokens - lo) / (hi - lo)
-                return (per_b[lo] + t * (per_b[hi] - per_b[lo])) * scale
-        lo, hi = xs[-2], xs[-1]
-        slope = (per_b[hi] - per_b[lo]) / (hi - lo)
-        return (per_b[hi] + slope * (num_tokens - hi)) * scale
+            raise ValueError("empty cost model: use cost_model_for(target, drafter) or TargetCostModel.calibrate.")
+        per_b = {b: _interp(row, num_tokens) for b, row in self.points.items()}
+        return _interp(per_b, batch_size)
 
+    def draft_seconds(self, batch_size: int = 1) -> float:
+        """Latency of one drafting step for `batch_size` rows (0 when the model has no drafter points)."""
+        return _interp(self.draft, batch_size) if self.draft else 0.0
+
+    def round_seconds(self, drafted: int, batch_size: int = 1, drafts: bool = True) -> float:
+        """A round that verifies `drafted` tokens per row (plus the row's own token), with or without drafting."""
+        return self.seconds(drafted + 1, batch_size) + (self.draft_seconds(batch_size) if drafts else 0.0)
+
+    def batch_sizes(self) -> list[int]:
+        return sorted(self.points)
+
+    def covers(self, batch_size: int, drafts: bool = False) -> bool:
+        """Whether batch sizes 1..`batch_size` lie within the measured ones (and drafting steps, with `drafts`)."""
+        sizes = [self.points] + ([self.draft] if drafts else [])
+        return all(table and min(table) <= 1 and max(table) >= batch_size for table in sizes)
+
+    def describes(self, device, dtype=None, threads: int | None = None) -> bool:
+        """Whether these numbers were measured on `device` (and dtype / CPU threads, when given)."""
+        if self.device != device_name(device):
+            return False
+        if dtype is not None and self.dtype and self.dtype != str(dtype).replace("torch.", ""):
+            return False
+        if threads is not None and torch.device(device).type == "cpu" and self.threads and self.threads != threads:
+            return False
+        return True
+
+    # ------------------------------------------------------------------------------------------------ measuring
     @classmethod
     @torch.inference_mode()
-    def calibrate(cls, target, num_tokens=(1, 2, 4, 8, 16), batch_sizes=(1,), context_length: int = 256,
-                  repeats: int = 3) -> "TargetCostModel":
-        """Time target forwards of `n` new tokens over a `context_length`-token cache (median of `repeats`)."""
+    def calibrate(cls, target, drafter=None, num_tokens=DEFAULT_NUM_TOKENS, batch_sizes=(1,),
+                  context_length: int = 256, repeats: int = 3) -> "TargetCostModel":
+        """Time target verify forwards (and drafting steps, with `drafter`) on the target's device.
+
+        Each point is the median of `repeats` timed runs after one warm-up; the device is synchronized before every
+        clock read.
+        """
         from transformers import DynamicCache
 
+        device = target.device
         vocab = target.config.get_text_config().vocab_size
         points: dict[int, dict[int, float]] = {}
+        draft: dict[int, float] = {}
+
+        def timed(fn) -> float:
+            times = []
+            for _ in range(repeats + 1):
+                synchronize(device)
+                start = time.perf_counter()
+                fn()
+                synchronize(device)
+                times.append(time.perf_counter() - start)
+            times = sorted(times[1:])
+            return times[len(times) // 2]
+
         for b in batch_sizes:
-            ctx = torch.randint(0, vocab, (b, context_length), device=target.device)
+            ctx = torch.randint(0, vocab, (b, context_length), device=device)
             cache = DynamicCache(config=target.config)
             target(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
             points[b] = {}
             for n in num_tokens:
-                times = []
-                for _ in range(repeats + 1):
-                    new = torch.randint(0, vocab, (b, n), device=target.device)
-                    start = time.perf_counter()
+                new = torch.randint(0, vocab, (b, n), device=device)
+
+                def verify():
                     target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
-                    times.append(time.perf_counter() - start)
                     cache.crop(-n)
-                points[b][n] = sorted(times[1:])[len(times[1:]) // 2]
-        return cls(points=points, context_length=context_length,
-                   description=f"{type(target).__name__} {target.dtype} threads={torch.get_num_threads()}")
+
+                points[b][n] = timed(verify)
+            if drafter is not None:
+                draft[b] = timed(_drafting_step(target, drafter, b))
+        return cls(points=points, draft=draft, context_length=context_length, device=device_name(device),
+                   dtype=str(target.dtype).replace("torch.", ""), threads=torch.get_num_threads(),
+                   key=cost_key(target, drafter),
+                   description=f"{type(target).__name__} {target.dtype} on {device_name(device)}, "
+                               f"threads={torch.get_num_threads()}")
+
+    def extend(self, target, drafter=None, batch_sizes=(), **kwargs) -> "TargetCostModel":
+        """Measure the batch sizes this model lacks (same device) and add them; returns self."""
+        missing = [b for b in batch_sizes if b not in self.points or (drafter is not None and b not in self.draft)]
+        if self.covers(max(batch_sizes, default=1), drafts=drafter is not None):
+            missing = []
+        if missing:
+            more = type(self).calibrate(target, drafter, batch_sizes=missing, context_length=self.context_length,
+                                        **kwargs)
+            self.points.update(more.points)
+            self.draft.update(more.draft)
+        return self
+
+    # ------------------------------------------------------------------------------------------------ storing
+    def to_dict(self) -> dict:
+        return {"points": self.points, "draft": self.draft, "context_length": self.context_length,
+                "device": self.device, "dtype": self.dtype, "threads": self.threads, "key": self.key,
+                "description": self.description}
 
     def save(self, path) -> None:
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"points": self.points, "context_length": self.context_length,
-                                   "description": self.description}, indent=2))
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
         tmp.replace(path)
 
     @classmethod
     def load(cls, path) -> "TargetCostModel":
         data = json.loads(Path(path).read_text())
         points = {int(b): {int(n): float(s) for n, s in row.items()} for b, row in data["points"].items()}
-        return cls(points=points, context_length=data.get("context_length", 256),
-                   description=data.get("description", ""))
+        draft = {int(b): float(s) for b, s in data.get("draft", {}).items()}
+        return cls(points=points, draft=draft, context_length=data.get("context_length", 256),
+                   device=data.get("device", ""), dtype=data.get("dtype", ""), threads=int(data.get("threads", 0)),
+                   key=data.get("key", ""), description=data.get("description", ""))
 
 
-def best_length(survival: torch.Tensor, cost: TargetCostModel | None, fixed_seconds: float = 0.0,
-                batch_size: int = 1) -> int:
-    """Verify length `L` (0..len(survival)) maximising expected committed tokens per second (module docstring).
+def _drafting_step(target, drafter, b: int):
+    """A closure running one drafting step for `b` rows: drafter forward over a block + a short new context."""
+    cfg = drafter.config
+    param = next(drafter.parameters())
+    features = len(cfg.target_layer_ids) * cfg.hidden_size
+    block = int(cfg.block_size)
+    embeddings = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings()
+    ids = torch.full((b, block), int(cfg.mask_token_id), dtype=torch.long, device=target.device)
+    context = torch.zeros(b, 2, features, dtype=param.dtype, device=param.device)
+    positions = torch.arange(block + 2, device=param.device)[None].expand(b, -1)
 
-    Without a cost model every length costs the same, and the whole block is kept (the fixed-block behaviour).
+    def step():
+        states = drafter(noise_embeds=embeddings(ids), context_hidden_states=context,
+                         position_ids=positions).last_hidden_state[:, 1:]
+        if hasattr(drafter, "draft_logits"):
+            drafter.draft_logits(states, lm_head)
+        else:
+            lm_head(states.to(lm_head.weight.dtype))
+
+    return step
+
+
+def cost_key(target, drafter=None) -> str:
+    """Fingerprint of what a cost model's numbers depend on besides the device: model shapes and dtypes."""
+    tc = target.config.get_text_config()
+    parts = [type(target).__name__, str(target.dtype), tc.hidden_size, tc.num_hidden_layers, tc.vocab_size,
+             getattr(tc, "intermediate_size", None), getattr(tc, "num_attention_heads", None),
+             getattr(tc, "num_key_value_heads", None)]
+    if drafter is not None:
+        dc = drafter.config
+        parts += [str(next(drafter.parameters()).dtype), dc.num_hidden_layers, dc.block_size, dc.hidden_size,
+                  getattr(dc, "draft_vocab_size", None), len(dc.target_layer_ids)]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _cache_path(target, drafter) -> Path:
+    from ..testbed.cache import cache_dir
+
+    name = device_name(target.device).replace(":", "-").replace(" ", "_").replace("/", "_")
+    return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
+
+
+def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCostModel | None = None,
+                   calibrate: bool = True) -> TargetCostModel | None:
+    """The cost model of `target` (+ `drafter`) on the target's current device, dtype and CPU threads.
+
+    `candidate` (e.g. one shipped with a length head) is used when it was measured on this device/dtype/threads and
+    covers `batch_sizes`. Otherwise the cached measurement for this setup is loaded, extended to missing batch sizes,
+    or calibrated anew (logged), then cached. `calibrate=False` returns None instead of measuring.
     """
-    n = int(survival.shape[-1])
-    if cost is None:
-        return n
-    expected = torch.cat([torch.zeros(1), torch.cumsum(survival.float().cpu(), dim=0)]) + 1.0  # [n+1]
-    seconds = torch.tensor([fixed_seconds + cost.seconds(L + 1, batch_size) for L in range(n + 1)])
-    return int(torch.argmax(expected / seconds))
+    dtype, threads = target.dtype, torch.get_num_threads()
+    if candidate is not None and candidate.describes(target.device, dtype, threads):
+        if candidate.covers(max(batch_sizes), drafts=drafter is not None):
+            return candidate
+    elif candidate is not None:
+        logger.warning("cost model measured on %s (%s, threads=%s) does not describe %s (%s, threads=%s): using one "
+                       "measured here instead", candidate.device or "an unknown device", candidate.dtype or "?",
+                       candidate.threads or "?", device_name(target.device), dtype, threads)
+    path = _cache_path(target, drafter)
+    model = TargetCostModel.load(path) if path.is_file() else None
+    if model is not None and model.covers(max(batch_sizes), drafts=drafter is not None):
+        return model
+    if not calibrate:
+        return model
+    start = time.perf_counter()
+    if model is None:
+        model = TargetCostModel.calibrate(target, drafter, batch_sizes=tuple(batch_sizes))
+    else:
+        model.extend(target, drafter, batch_sizes=batch_sizes)
+    model.save(path)
+    logger.warning("calibrated the target's cost model on %s for batch sizes %s in %.1f s (cached in %s)",
+                   model.device, sorted(model.points), time.perf_counter() - start, path)
+    return model
 
 
-__all__ = ["TargetCostModel", "best_length"]
+def verify_lengths(survival: torch.Tensor, budgets: torch.Tensor, cost: TargetCostModel | None,
+                   fixed_seconds: float = 0.0) -> torch.Tensor:
+    """Per-row verify lengths `min(M, budget_r)` with the `M` that maximises expected committed tokens per second.
+
+    Args:
+        survival: `[b, n]` survival `S_r(k)` of each row's drafted positions (non-finite values count as 0).
+        budgets: `[b]` most drafted tokens each row may verify (`<= n`).
+        cost: the cost model; `None`: every length costs the same, so every row verifies its whole budget.
+        fixed_seconds: the round's cost that does not depend on the length (the drafting step).
+    Returns:
+        `[b]` long, on `budgets`' device.
+    """
+    b, n = survival.shape
+    if cost is None or b == 0 or n == 0:
+        return budgets.clone()
+    caps = budgets.to("cpu")
+    k = torch.arange(1, n + 1)
+    s = torch.nan_to_num(survival.float().cpu(), nan=0.0, posinf=0.0, neginf=0.0).clamp(0, 1)
+    s = s * (k[None, :] <= caps[:, None])
+    expected = torch.cat([torch.zeros(1), s.sum(dim=0).cumsum(dim=0)]) + b  # [n + 1]: sum over rows of E[commit]
+    top = int(caps.max())
+    seconds = torch.tensor([fixed_seconds + cost.seconds(m + 1, b) for m in range(top + 1)])
+    m = int(torch.argmax(expected[: top + 1] / seconds))
+    return budgets.clamp(max=m)
+
+
+def best_length(survival: torch.Tensor, cost: TargetCostModel | None, fixed_seconds: float = 0.0) -> int:
+    """bs=1 form of `verify_lengths`: `survival [n]` -> the number of drafted tokens to verify."""
+    budget = torch.tensor([survival.shape[-1]])
+    return int(verify_lengths(survival.reshape(1, -1), budget, cost, fixed_seconds)[0])
+
+
+__all__ = ["TargetCostModel", "best_length", "cost_key", "cost_model_for", "device_name", "synchronize",
+           "verify_lengths"]

@@ -1,27 +1,42 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""How `target.generate(..., assistant_model=drafter)` finds our candidate generator.
+"""How `target.generate(..., assistant_model=drafter)` finds our candidate generator: the hook and its reach.
 
 transformers picks a candidate generator in `GenerationMixin._get_candidate_generator` and has no registry for
-new ones; `custom_generate` would make every user pass an extra argument. We therefore wrap two private methods
-of `GenerationMixin`, narrowly: both wrappers act only when `assistant_model` is an AdaFlash drafter
-(`config.model_type == "adaflash_drafter"`, so a drafter loaded with `trust_remote_code` counts too) and call the
-original method unchanged in every other case (plain decoding, prompt lookup, ordinary assistant models, ...).
+new ones. `import adaflash_hf` therefore wraps exactly three private methods of `GenerationMixin`, process-wide, and
+each wrapper acts ONLY when `assistant_model` is an AdaFlash drafter (`config.model_type == "adaflash_drafter"`, so
+a drafter loaded with `trust_remote_code` counts too); in every other case it calls the original unchanged (plain
+decoding, prompt lookup, ordinary assistant models, `speculation_type="dflash"`, ...):
 
 * `_validate_generation_mode`: refuses a mismatched target/drafter pair with one clear `ValueError` before any
   compute (and before transformers' own checks, whose messages talk about tokenizers).
 * `_get_candidate_generator`: returns `AdaFlashCandidateGenerator` when no other speculation mode was asked for.
   `speculation_type="dflash"` keeps transformers' own `DFlashTokenCandidateGenerator` (the native path).
+* `_assisted_decoding`: adds this call's `SpeculationStats` to the output as `output.speculation_stats` when
+  `return_dict_in_generate=True` (statistics are returned, never left on the drafter).
 
-`install()` runs on `import adaflash_hf` and is idempotent; `uninstall()` restores the originals.
+`install()` runs on `import adaflash_hf` and is idempotent; `uninstall()` restores the originals; `is_installed()`
+tells. Without the hook, transformers' `custom_generate` route gives the same decoding for one call:
+`target.generate(**inputs, custom_generate=adaflash_hf.speculative_decoding, drafter=drafter)` (the hook is
+installed for the duration of that call only).
+
+Knobs never travel as model attributes: the generator reads the drafter's `generation_config`
+(`AdaFlashGenerationConfig`) and its `SpeculationRuntime`.
 """
 
+import contextlib
+import contextvars
+
+import torch
 from transformers.generation.utils import GenerationMixin
 
 from .candidate_generator import AdaFlashCandidateGenerator
+from .stats import SpeculationStats
 
 
 DRAFTER_MODEL_TYPE = "adaflash_drafter"
 _ORIGINALS: dict[str, object] = {}
+# The statistics object of the `generate` call running in this context (set by the `_assisted_decoding` wrapper).
+_CALL_STATS: contextvars.ContextVar[SpeculationStats | None] = contextvars.ContextVar("adaflash_stats", default=None)
 
 
 def is_adaflash_drafter(model) -> bool:
@@ -51,12 +66,8 @@ def _uses_other_speculation(generation_config) -> bool:
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
     drafter = generation_mode_kwargs.get("assistant_model")
     if is_adaflash_drafter(drafter):
-        check_pair(
-            self,
-            drafter,
-            tokenizer=generation_mode_kwargs.get("tokenizer"),
-            assistant_tokenizer=generation_mode_kwargs.get("assistant_tokenizer"),
-        )
+        check_pair(self, drafter, tokenizer=generation_mode_kwargs.get("tokenizer"),
+                   assistant_tokenizer=generation_mode_kwargs.get("assistant_tokenizer"))
     return _ORIGINALS["_validate_generation_mode"](self, generation_mode, generation_config, generation_mode_kwargs)
 
 
@@ -68,13 +79,34 @@ def _get_candidate_generator(self, generation_config, *args, assistant_model=Non
             main_model_output_embeddings=self.get_output_embeddings(),
             generation_config=generation_config,
             logits_processor=kwargs.get("logits_processor"),
+            target=self,
+            stats=_CALL_STATS.get(),
         )
     return _ORIGINALS["_get_candidate_generator"](self, generation_config, *args, assistant_model=assistant_model, **kwargs)
+
+
+def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                       assistant_model=None, **kwargs):
+    original = _ORIGINALS["_assisted_decoding"]
+    if not is_adaflash_drafter(assistant_model) or _uses_other_speculation(generation_config):
+        return original(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                        assistant_model=assistant_model, **kwargs)
+    stats = SpeculationStats()
+    token = _CALL_STATS.set(stats)
+    try:
+        result = original(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                          assistant_model=assistant_model, **kwargs)
+    finally:
+        _CALL_STATS.reset(token)
+    if not isinstance(result, torch.Tensor):
+        result["speculation_stats"] = stats  # ModelOutput: a new key is also an attribute
+    return result
 
 
 _WRAPPERS = {
     "_validate_generation_mode": _validate_generation_mode,
     "_get_candidate_generator": _get_candidate_generator,
+    "_assisted_decoding": _assisted_decoding,
 }
 
 
@@ -95,3 +127,38 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return all(getattr(GenerationMixin, name) is wrapper for name, wrapper in _WRAPPERS.items())
+
+
+@contextlib.contextmanager
+def installed():
+    """The hook for the duration of a `with` block (left installed if it already was)."""
+    already = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not already:
+            uninstall()
+
+
+def speculative_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                         synced_gpus: bool = False, streamer=None, drafter=None, **model_kwargs):
+    """transformers `custom_generate` entry point: our speculative decoding for one `generate` call.
+
+    `target.generate(**inputs, custom_generate=adaflash_hf.speculative_decoding, drafter=drafter, ...)` decodes
+    exactly as `generate(assistant_model=drafter)` does, with or without the process-wide hook installed.
+    """
+    if not is_adaflash_drafter(drafter):
+        raise ValueError("custom_generate=speculative_decoding needs `drafter=<an AdaFlash drafter>`.")
+    check_pair(model, drafter)
+    cache = model_kwargs.get("cache")
+    if cache is not None and not hasattr(cache, "activate_past_recording"):
+        raise ValueError(f"speculative decoding needs a DynamicCache-like cache, got {type(cache).__name__}.")
+    with installed():
+        return GenerationMixin._assisted_decoding(model, input_ids, logits_processor, stopping_criteria,
+                                                  generation_config, synced_gpus=synced_gpus, streamer=streamer,
+                                                  assistant_model=drafter, **model_kwargs)
+
+
+__all__ = ["check_pair", "install", "installed", "is_adaflash_drafter", "is_installed", "speculative_decoding",
+           "uninstall"]

@@ -1,13 +1,23 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""Which proposal to verify this round: the block drafter, n-gram prompt lookup, or nothing.
+"""Which proposals a round verifies: the drafter's blocks, n-gram lookup continuations, or none (a plain round).
 
-Each option ("arm") is scored by its expected committed tokens per second of round time,
-`(E[accepted] + 1) / E[round seconds]`, both tracked as exponential moving averages of what the arm actually
-achieved on the rounds it was chosen (a round's time covers drafting, the verification forward and the loop's
-bookkeeping, measured between consecutive `get_candidates` calls). Lookup is only an option when the n-gram
-index found a match; "none" (verify no draft: plain decoding) is the fallback that keeps a weak drafter from
-making generation slower than plain `generate`. An arm not chosen for `explore_every` rounds is tried once, so
-estimates follow the traffic.
+One policy for both engines, written for `b` rows (the bs=1 generator is `b = 1`):
+
+* per round, an ARM: `"draft"` (one drafter forward; each row verifies its drafted block, or its lookup
+  continuation where that promises more), `"lookup"` (no drafter forward; rows with a lookup match verify it, the
+  others decode one token) or `"plain"` (no proposal: one token per row, as plain decoding);
+* per row of a draft round, a SOURCE: `"drafter"` or `"lookup"`.
+
+Each arm is scored by its expected committed tokens per second, both terms predicted, never read off a clock:
+tokens from moving averages of the accepted tokens each source achieved (per row, falling back to the batch's),
+seconds from the device-calibrated `TargetCostModel` (drafting step + a verify forward of the arm's width). So the
+choice depends only on counts and the cost model: with the same seed, starting state and cost model, the same
+output comes back under any machine load.
+
+The estimates adapt across `generate` calls (they describe drafter + target + traffic) when the policy is kept in a
+`SpeculationRuntime`; `reset()` forgets them and `frozen=True` stops them from changing. An arm not chosen for
+`explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
+`max_interval`); untried arms come first.
 
 Nothing here can change the output: every proposal is verified by the target.
 """
@@ -15,58 +25,145 @@ Nothing here can change the output: every proposal is verified by the target.
 from dataclasses import dataclass, field
 
 
-ARMS = ("drafter", "lookup", "none")
+ARMS = ("draft", "lookup", "plain")
+SOURCES = ("drafter", "lookup")
 
 
 @dataclass
-class ArmEstimate:
-    accepted: float
-    seconds: float | None = None
+class _Arm:
     last_round: int = -1
-
-    def score(self) -> float:
-        if self.seconds is None:
-            return float("inf")  # untried: optimistic
-        return (self.accepted + 1.0) / max(self.seconds, 1e-9)
+    interval: int = 0  # rounds between retries while the arm loses (doubles after each lost retry)
+    tried: bool = False
 
 
 @dataclass
 class ProposalPolicy:
-    """EMA bandit over proposal arms (see the module docstring).
+    """Count-and-cost-model policy over proposal arms and per-row sources (module docstring).
 
     Args:
-        decay: weight of the newest observation in the moving averages.
+        decay: weight of the newest round in the moving averages.
         explore_every: try an arm again after this many rounds without it.
-        arms: estimates per arm (kept across `generate` calls when the policy is stored on the drafter).
+        max_interval: longest gap between retries of a losing arm.
+        frozen: keep the estimates fixed (choices still follow them).
     """
 
-    decay: float = 0.2
-    explore_every: int = 24
+    decay: float = 0.3
+    explore_every: int = 16
+    max_interval: int = 128
+    frozen: bool = False
     round: int = 0
-    arms: dict = field(default_factory=lambda: {
-        "drafter": ArmEstimate(accepted=2.0),
-        "lookup": ArmEstimate(accepted=2.0),
-        "none": ArmEstimate(accepted=0.0),
-    })
+    accepted: dict = field(default_factory=lambda: dict.fromkeys(SOURCES))  # EMA of accepted drafted tokens
+    width: float | None = None  # EMA of drafted tokens verified per row in draft rounds (the verify width)
+    arms: dict = field(default_factory=lambda: {a: _Arm() for a in ARMS})
+    rows: dict = field(default_factory=dict)  # row key -> source -> EMA of accepted tokens (per run)
 
-    def choose(self, lookup_available: bool, allow_none: bool = True) -> str:
-        options = [a for a in ARMS if (a != "lookup" or lookup_available) and (a != "none" or allow_none)]
+    @classmethod
+    def from_generation_config(cls, config) -> "ProposalPolicy":
+        return cls(decay=float(getattr(config, "policy_decay", 0.3)),
+                   explore_every=int(getattr(config, "policy_explore_every", 16)))
+
+    def reset(self) -> None:
+        """Forget every estimate (the next rounds explore again)."""
+        fresh = type(self)(decay=self.decay, explore_every=self.explore_every, max_interval=self.max_interval,
+                           frozen=self.frozen)
+        self.__dict__.update(fresh.__dict__)
+
+    def start_run(self) -> None:
+        """Per-row estimates describe one run's sequences: drop them (the batch-wide ones persist)."""
+        self.rows = {}
+
+    # ------------------------------------------------------------------------------------------------ estimates
+    def estimate(self, row, source: str) -> float | None:
+        """Expected accepted drafted tokens of `row` with `source` (the batch's estimate when the row has none)."""
+        value = self.rows.get(row, {}).get(source)
+        return self.accepted[source] if value is None else value
+
+    def row_source(self, row, lookup_len: int, draft_len: int) -> str:
+        """`"lookup"` when row's lookup continuation promises at least as many accepted tokens as its block."""
+        if lookup_len <= 0:
+            return "drafter"
+        lookup, draft = self.estimate(row, "lookup"), self.estimate(row, "drafter")
+        lookup = lookup_len if lookup is None else min(lookup, lookup_len)
+        draft = draft_len if draft is None else min(draft, draft_len)
+        return "lookup" if lookup >= draft else "drafter"
+
+    def _expected(self, row, source: str, cap: int) -> float:
+        value = self.estimate(row, source)
+        return float(cap) if value is None else min(value, float(cap))
+
+    # ------------------------------------------------------------------------------------------------ choices
+    def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True) -> str:
+        """The arm of this round.
+
+        Args:
+            rows: a stable key per row (e.g. the prompt index).
+            lookup_lens: each row's lookup continuation length (0: no match, or lookup off).
+            budgets: each row's most drafted tokens this round (0: the row may not draft).
+            cost: the `TargetCostModel` of this device (required unless only one arm is possible).
+            allow_no_draft: rounds without a drafter forward ("lookup", "plain") may be chosen; otherwise every
+                round with a budget drafts (rows may still verify their lookup continuation instead of the block).
+        """
+        b = len(rows)
+        options = []
+        if max(budgets, default=0) > 0:
+            options.append("draft")
+        if allow_no_draft or not options:
+            if max(lookup_lens, default=0) > 0:
+                options.append("lookup")
+            options.append("plain")
+        self.round += 1
         if len(options) == 1:
             return options[0]
-        self.round += 1
-        for arm in options:  # exploration: an arm unseen for a while gets one round
-            if self.round - self.arms[arm].last_round > self.explore_every:
-                return arm
-        return max(options, key=lambda a: self.arms[a].score())
+        for arm in options:  # untried arms first
+            if not self.arms[arm].tried:
+                return self._pick(arm, explore=False)
+        scores = {arm: self._score(arm, rows, lookup_lens, budgets, cost, b) for arm in options}
+        best = max(options, key=lambda a: scores[a])
+        for arm in options:  # a losing arm is retried now and then: the traffic may have changed
+            state = self.arms[arm]
+            if arm != best and self.round - state.last_round > (state.interval or self.explore_every):
+                state.interval = min(2 * (state.interval or self.explore_every), self.max_interval)
+                return self._pick(arm, explore=True)
+        self.arms[best].interval = 0
+        return self._pick(best, explore=False)
 
-    def record(self, arm: str, accepted: int, seconds: float) -> None:
-        est = self.arms[arm]
-        if est.seconds is None:
-            est.accepted, est.seconds = float(accepted), seconds
-        else:
-            est.accepted += self.decay * (accepted - est.accepted)
-            est.seconds += self.decay * (seconds - est.seconds)
-        est.last_round = self.round
+    def _pick(self, arm: str, explore: bool) -> str:
+        state = self.arms[arm]
+        state.tried = True
+        state.last_round = self.round
+        return arm
+
+    def _score(self, arm, rows, lookup_lens, budgets, cost, b) -> float:
+        """Expected committed tokens per predicted second of the round (module docstring)."""
+        if arm == "plain":
+            return b / cost.round_seconds(0, b, drafts=False)
+        if arm == "lookup":
+            tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))
+            return tokens / cost.round_seconds(max(lookup_lens), b, drafts=False)
+        tokens = 0.0
+        for r, n, budget in zip(rows, lookup_lens, budgets):
+            source = self.row_source(r, n, budget)
+            tokens += 1.0 + self._expected(r, source, n if source == "lookup" else budget)
+        width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
+        return tokens / cost.round_seconds(width, b, drafts=True)
+
+    # ------------------------------------------------------------------------------------------------ feedback
+    def record(self, rows: list, sources: list[str], accepted: list[int], verified: list[int] | None = None) -> None:
+        """What each row's proposal achieved this round (`sources[r]` in SOURCES; others are ignored)."""
+        if self.frozen:
+            return
+        d = self.decay
+        for r, source, a in zip(rows, sources, accepted):
+            if source not in SOURCES:
+                continue
+            row = self.rows.setdefault(r, {})
+            for table in (row, self.accepted):
+                old = table.get(source)
+                table[source] = float(a) if old is None else old + d * (a - old)
+        drafted = [v for s, v in zip(sources, verified or []) if s == "drafter"]
+        if drafted:
+            w = float(max(drafted))
+            self.width = w if self.width is None else self.width + d * (w - self.width)
 
 
-__all__ = ["ARMS", "ArmEstimate", "ProposalPolicy"]
+__all__ = ["ARMS", "SOURCES", "ProposalPolicy"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..generation.runtime import SpeculationRuntime
 from ..models import AdaFlashDrafterConfig, AdaFlashDrafterModel, AdaFlashLengthHead
 from ..models.drafter.modeling_adaflash_drafter import _check_loaded_weights
 from .dflash import config_to_zlab, has_adaflash_heads, is_zlab_config, zlab_to_config
@@ -135,7 +136,7 @@ def load_dflash_checkpoint(path, *, dtype: torch.dtype | None = None, device="cp
             raise CheckpointError(str(e)) from None
         if load_length_head and (path / LENGTH_HEAD_DIR / "config.json").is_file():
             head, cost = load_length_head_folder(path / LENGTH_HEAD_DIR)
-            model.attach_length_head(head.to(device), cost)
+            SpeculationRuntime(length_head=head.to(device), cost_model=cost).attach(model)
         return model
 
     if layout == "muse":
@@ -181,8 +182,9 @@ def save_drafter_folder(drafter: AdaFlashDrafterModel, out_dir, *, length_head=N
     """Our layout: the drafter (safetensors + `auto_map` code) and, if any, `length_head/` + its cost model."""
     out = Path(out_dir)
     drafter.save_pretrained(out, safe_serialization=True)
-    length_head = length_head if length_head is not None else drafter.length_head
-    cost_model = cost_model if cost_model is not None else drafter.cost_model
+    runtime = getattr(drafter, "runtime", None)
+    length_head = length_head if length_head is not None else getattr(runtime, "length_head", None)
+    cost_model = cost_model if cost_model is not None else getattr(runtime, "cost_model", None)
     if length_head is not None:
         length_head.save_pretrained(out / LENGTH_HEAD_DIR, safe_serialization=True)
         if cost_model is not None:
@@ -225,7 +227,7 @@ def export_dflash_checkpoint(drafter: AdaFlashDrafterModel, out_dir, layout: str
         config_json, rename = config_to_zlab(config, dtype, model_type=model_type), {}
     else:
         config_json, rename = config_to_muse(config, dtype), OURS_TO_MUSE
-    if drafter.length_head is not None:
+    if getattr(getattr(drafter, "runtime", None), "length_head", None) is not None:
         logger.warning("the attached length head is not exported: the %s layout has no place for it.", layout)
     state = {rename.get(k, k): t.detach().to("cpu").contiguous() for k, t in drafter.state_dict().items()
              if k != "draft_vocab"}

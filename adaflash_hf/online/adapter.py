@@ -18,8 +18,8 @@ original modules back. LoRA is NOT put on `k_proj`, `v_proj` or `fc`: the drafte
 keys/values computed by those alone, so it stays exact after any update (no re-projection, no cache reset).
 Decoding stays lossless whatever the adapter learns: the target verifies every drafted token.
 
-The adapter lives on the drafter (`drafter.online_adapter`), so it keeps learning across `generate` calls and
-requests; the candidate generator feeds it (see `generation/candidate_generator.py`).
+The adapter lives in the drafter's runtime (`SpeculationRuntime.online_adapter`), so it keeps learning across
+`generate` calls and requests; the candidate generator feeds it (see `generation/candidate_generator.py`).
 """
 
 import json
@@ -39,6 +39,7 @@ from peft.functional import get_peft_model_state_dict, inject_adapter_in_model, 
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
+from ..generation.runtime import SpeculationRuntime
 from .learners import Hedge, OnlineLearner
 from .online_config import CONFIG_NAME, OnlineSpecConfig
 
@@ -124,7 +125,7 @@ class OnlineSpecAdapter:
     """
 
     def __init__(self, drafter, config: OnlineSpecConfig | None = None):
-        if getattr(drafter, "online_adapter", None) is not None:
+        if _runtime_adapter(drafter) is not None:
             raise ValueError("this drafter already carries an online adapter; detach() it first.")
         self.drafter = drafter
         self.config = config or OnlineSpecConfig()
@@ -163,7 +164,7 @@ class OnlineSpecAdapter:
     @classmethod
     def attach(cls, drafter, config: OnlineSpecConfig | None = None) -> "OnlineSpecAdapter":
         adapter = cls(drafter, config)
-        drafter.online_adapter = adapter
+        SpeculationRuntime.of(drafter).online_adapter = adapter
         return adapter
 
     def detach(self) -> None:
@@ -175,8 +176,8 @@ class OnlineSpecAdapter:
         self._layers = []
         for p in self._frozen:
             p.requires_grad_(True)
-        if getattr(self.drafter, "online_adapter", None) is self:
-            self.drafter.online_adapter = None
+        if _runtime_adapter(self.drafter) is self:
+            self.drafter.runtime.online_adapter = None
 
     def _params(self, name: str) -> list[torch.Tensor]:
         params = []
@@ -215,7 +216,8 @@ class OnlineSpecAdapter:
         if logits is None:
             states = self.drafter(noise_embeds=feedback.noise_embeds, context_hidden_states=feedback.context,
                                   position_ids=feedback.position_ids).last_hidden_state[:, 1 : 1 + n]
-            logits = F.linear(states, self._head_rows(lm_head))[0]
+            rows = self._head_rows(lm_head)
+            logits = F.linear(states.to(device=rows.device, dtype=rows.dtype), rows)[0]
         logits = logits.float()  # [n, V']
         if self.config.loss == "ce":
             per = F.cross_entropy(logits, feedback.target_tokens, ignore_index=-100, reduction="none")
@@ -437,7 +439,7 @@ class OnlineSpecAdapter:
         adapter._good = adapter._snapshot()
         adapter._activate_for_drafting()
         if attach:
-            drafter.online_adapter = adapter
+            SpeculationRuntime.of(drafter).online_adapter = adapter
         return adapter
 
 
@@ -484,6 +486,11 @@ def _recover_saved_folder(folder: Path) -> Path:
                           "save_pretrained puts the folder back.", stacklevel=3)
             return chosen
     return folder
+
+
+def _runtime_adapter(drafter):
+    runtime = getattr(drafter, "runtime", None)
+    return None if runtime is None else runtime.online_adapter
 
 
 __all__ = ["OnlineSpecAdapter", "OnlineStats", "RoundFeedback"]

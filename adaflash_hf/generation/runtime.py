@@ -1,0 +1,104 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""`SpeculationRuntime`: what a drafter decodes with besides its weights and its generation config.
+
+A drafter's checkpoint holds its architecture (`config.json`), weights and decoding knobs
+(`generation_config.json`, `AdaFlashGenerationConfig`). Three more things take part in decoding and are not part
+of the drafter: an adaptive length head, the target's cost model on this device, and an OnlineSpec adapter; plus
+the proposal policy's estimates, which adapt across calls. They live in one explicit runtime object, attached to the
+drafter's declared `runtime` attribute (as PEFT keeps runtime-only settings out of what `to_dict()` saves):
+
+```python
+runtime = SpeculationRuntime(length_head=head, cost_model=TargetCostModel.load(".../cost_model.json"))
+runtime.attach(drafter)          # generate(assistant_model=drafter) and generate_batch now use them
+runtime.policy.reset()           # forget what the policy learned about this traffic; .frozen = True to fix it
+```
+
+Per-call statistics are not kept here: `generate(..., return_dict_in_generate=True)` returns them as
+`output.speculation_stats`, `generate_batch(..., return_stats=True)` as its second value.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+from .policy import ProposalPolicy
+
+
+@dataclass
+class SpeculationRuntime:
+    """Runtime components of speculative decoding with one drafter (module docstring).
+
+    Attributes:
+        length_head: an `AdaFlashLengthHead` (used by the `"auto"` / `"head"` length policies), or None.
+        cost_model: a `TargetCostModel`; applied only on the device/dtype/threads it was measured on (otherwise one
+            measured on the current device is used and cached, see `cost_model.cost_model_for`).
+        online_adapter: an `OnlineSpecAdapter` learning from every verification round, or None.
+        policy: the proposal policy's estimates (adapt across calls; `reset()`, `frozen`).
+    """
+
+    length_head: object | None = None
+    cost_model: object | None = None
+    online_adapter: object | None = None
+    policy: ProposalPolicy | None = None
+
+    def attach(self, drafter) -> "SpeculationRuntime":
+        """Make this the runtime of `drafter` (its declared `runtime` attribute). Returns self."""
+        if not hasattr(drafter, "runtime"):
+            raise TypeError(f"{type(drafter).__name__} has no `runtime` attribute: not an AdaFlash drafter.")
+        drafter.runtime = self
+        return self
+
+    def detach(self, drafter) -> None:
+        if getattr(drafter, "runtime", None) is self:
+            drafter.runtime = None
+
+    @classmethod
+    def of(cls, drafter) -> "SpeculationRuntime":
+        """The drafter's runtime; an empty one is attached first when it has none."""
+        runtime = getattr(drafter, "runtime", None)
+        if runtime is None:
+            runtime = cls().attach(drafter) if hasattr(drafter, "runtime") else cls()
+        return runtime
+
+    def policy_for(self, generation_config) -> ProposalPolicy:
+        """The policy (created from the generation config's knobs on first use)."""
+        if self.policy is None:
+            self.policy = ProposalPolicy.from_generation_config(generation_config)
+        return self.policy
+
+
+def runtime_of(drafter) -> SpeculationRuntime:
+    """`SpeculationRuntime.of(drafter)`; a drafter loaded with `trust_remote_code` gets a detached empty one."""
+    return SpeculationRuntime.of(drafter)
+
+
+def generation_config_of(drafter):
+    """The drafter's `AdaFlashGenerationConfig` (defaults for a drafter that carries none)."""
+    from ..models.drafter.configuration_adaflash_drafter import AdaFlashGenerationConfig
+
+    config = getattr(drafter, "generation_config", None)
+    if isinstance(config, AdaFlashGenerationConfig):
+        return config
+    if config is None:
+        return AdaFlashGenerationConfig()
+    return AdaFlashGenerationConfig(**{k: v for k, v in config.to_dict().items() if k != "transformers_version"})
+
+
+@contextlib.contextmanager
+def decoding_setup(drafter, generation_config=None, runtime: SpeculationRuntime | None = None):
+    """Decode with other knobs and/or runtime components for the duration of a `with` block.
+
+    Swaps the drafter's two declared decoding attributes (`generation_config`, `runtime`) and restores them; the
+    architecture config is never touched.
+    """
+    saved = drafter.generation_config, drafter.runtime
+    try:
+        if generation_config is not None:
+            drafter.generation_config = generation_config
+        if runtime is not None:
+            drafter.runtime = runtime
+        yield drafter
+    finally:
+        drafter.generation_config, drafter.runtime = saved
+
+
+__all__ = ["SpeculationRuntime", "decoding_setup", "generation_config_of", "runtime_of"]

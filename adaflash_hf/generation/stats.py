@@ -1,0 +1,101 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""Per-call statistics of speculative decoding: `SpeculationStats` (bs=1 `generate`) and `BatchStats` (batched).
+
+They are returned with the call (`generate(..., return_dict_in_generate=True).speculation_stats`,
+`generate_batch(..., return_stats=True)`), never left on the drafter.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    """Statistics of one bs=1 speculative `generate` call.
+
+    `accepted[i]` drafted tokens were accepted out of `drafted[i]` proposed in verification round `i` (prefill
+    excluded); every round also commits one token of the target's (the correction or bonus token), so
+    tau = mean(accepted) + 1. `proposers[i]` is `"drafter"`, `"lookup"` or `"none"`; `survival[i]` the length head's
+    survival of a drafter round that used it; `draft_seconds` the time spent proposing (drafting, length choice).
+    """
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    proposers: list[str] = field(default_factory=list)
+    survival: list[list[float]] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    online_seconds: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per verification forward (accepted drafts + the target's own token), prefill excluded."""
+        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else 0.0
+
+    def acceptance_by_position(self, max_positions: int) -> list[float]:
+        """P(draft position k is accepted | it was proposed), k = 1..max_positions."""
+        rates = []
+        for k in range(1, max_positions + 1):
+            proposed = sum(1 for d in self.drafted if d >= k)
+            accepted = sum(1 for a, d in zip(self.accepted, self.drafted) if d >= k and a >= k)
+            rates.append(accepted / proposed if proposed else 0.0)
+        return rates
+
+
+@dataclass
+class BatchStats:
+    """Statistics of one batched run. Per-prompt lists (`verified`, `accepted`, `committed`) are in input order.
+
+    `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards + draft logits),
+    `length` (length head + cost model), `verify` (target verification forwards, plain rounds included), `accept`
+    (acceptance and bookkeeping, incl. cache compaction), `lookup` (n-gram lookup of the hybrid proposals), `online`
+    (OnlineSpec updates) and `total`.
+    `sources` (per prompt, per round): what the row verified, `"drafter"`, `"lookup"` or `"none"`.
+    Every round is a speculative round (`drafter_forwards`), a `lookup_rounds` or a `plain_rounds` one.
+    """
+
+    rounds: int = 0
+    prefill_forwards: int = 0
+    prefill_joins: int = 0  # prefills whose rows joined a running batch (continuous mode)
+    drafter_forwards: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # active rows per round
+    verify_widths: list[int] = field(default_factory=list)  # tokens per row in each verify forward (M + 1)
+    verified: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens verified per round
+    accepted: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens accepted per round
+    committed: list[list[int]] = field(default_factory=list)  # per prompt: new tokens per round (prefill first)
+    sources: list[list[str]] = field(default_factory=list)  # per prompt: "drafter" / "lookup" / "none" per round
+    compactions: int = 0
+    plain_rounds: int = 0  # rounds without a drafter forward (the switch chose plain decoding, or no budget left)
+    lookup_rounds: int = 0  # rounds without a drafter forward that verified n-gram lookup proposals (hybrid)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("prefill", "draft", "length", "verify", "accept", "lookup", "online", "total"), 0.0))
+
+    @classmethod
+    def for_prompts(cls, n: int) -> "BatchStats":
+        return cls(verified=[[] for _ in range(n)], accepted=[[] for _ in range(n)], committed=[[] for _ in range(n)],
+                   sources=[[] for _ in range(n)])
+
+    @property
+    def tokens_verified(self) -> int:
+        """Real tokens fed to verification forwards (anchor + verified drafts, summed over rows and rounds)."""
+        return sum(v + 1 for row in self.verified for v in row)
+
+    @property
+    def tokens_computed(self) -> int:
+        """Token slots the verification forwards computed, padding included."""
+        return sum(b * w for b, w in zip(self.batch_sizes, self.verify_widths))
+
+    @property
+    def tokens_committed(self) -> int:
+        return sum(sum(row) for row in self.committed)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per row per verification round (prefill excluded)."""
+        per_round = [c for row in self.committed for c in row[1:]]
+        return sum(per_round) / len(per_round) if per_round else 0.0
+
+
+__all__ = ["BatchStats", "SpeculationStats"]

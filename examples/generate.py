@@ -59,10 +59,10 @@ def main() -> None:
                                                return_dict=True)
         n_prompt = inputs["input_ids"].shape[1]
         plain, t_plain = _timed(lambda: target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False))
-        spec, t_spec = _timed(lambda: target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                                      assistant_model=drafter))
+        out, t_spec = _timed(lambda: target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                                     assistant_model=drafter, return_dict_in_generate=True))
+        spec, stats = out.sequences, out.speculation_stats
         n_plain, n_spec = plain.shape[1] - n_prompt, spec.shape[1] - n_prompt
-        stats = drafter.generation_stats
         print("=" * 100)
         print(f"[{record['domain']}] {record['prompt'][:160]!r}")
         print("-" * 100)
@@ -85,13 +85,14 @@ def main() -> None:
 def _attach_shipped_head(drafter, path, dtype, enabled: bool) -> None:
     """The shipped length head + cost model belong to the shipped default drafter: attach them to it only."""
     from adaflash_hf.checkpoints import OFFLINE_DRAFTER, length_head_dir
+    from adaflash_hf import SpeculationRuntime
     from adaflash_hf.interop import load_length_head_folder
 
     head_dir = length_head_dir()
     if not enabled or head_dir is None or Path(path).resolve().name != OFFLINE_DRAFTER:
         return
     head, cost = load_length_head_folder(head_dir)
-    drafter.attach_length_head(head.to(dtype), cost)
+    SpeculationRuntime(length_head=head.to(dtype), cost_model=cost).attach(drafter)
     print(f"length head: {head_dir.name} (verifies only the part of each block likely to be accepted)")
 
 

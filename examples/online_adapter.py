@@ -44,13 +44,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    from adaflash_hf.cli import load_models
-    from adaflash_hf.testbed import default_eval_prompts, read_prompts_jsonl
-    from adaflash_hf.training.data import encode_prompt
+    from adaflash_hf.bench.models import load_models
+    from adaflash_hf.testbed import default_eval_prompts, encode_prompt, read_prompts_jsonl
 
     target, tokenizer, drafter = load_models(args.target, args.drafter, torch.float32)
     if not args.hybrid:
-        drafter.config.hybrid_lookup = drafter.config.allow_no_draft = False
+        from adaflash_hf.bench.runner import DRAFTER_ONLY
+        from adaflash_hf.generation.batch import run_knobs
+
+        drafter.generation_config = run_knobs(drafter, **DRAFTER_ONLY)  # every round drafts (and teaches)
     if args.resume:
         adapter = OnlineSpecAdapter.from_pretrained(drafter, args.resume)
     else:
@@ -63,9 +65,9 @@ def main(argv=None) -> int:
     for i, record in enumerate(records, 1):
         ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])])
         with torch.no_grad():
-            target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                            do_sample=False, assistant_model=drafter)
-        stats = drafter.generation_stats
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                  do_sample=False, assistant_model=drafter, return_dict_in_generate=True)
+        stats = out.speculation_stats
         log.append({"prompt": i, "domain": record.get("domain"), "tau": stats.tau, "rounds": stats.rounds,
                     "learner_rounds": adapter.stats.rounds, "rollbacks": len(adapter.stats.rollbacks)})
         logging.info("prompt %d/%d (%s): tau %.2f, learner rounds %d, rollbacks %d", i, len(records),

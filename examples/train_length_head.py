@@ -9,7 +9,7 @@
 2. `LengthHeadTrainer` fits the head (survival BCE) with a held-out split; evaluation reports the mean predicted vs
    actual accepted length.
 3. `TargetCostModel.calibrate` times verification forwards of 1..16 tokens; saved as `cost_model.json` next to the
-   head. Attach both with `drafter.attach_length_head(head, cost_model)`.
+   head. Attach both with `SpeculationRuntime(length_head=head, cost_model=cost).attach(drafter)`.
 """
 
 import json
@@ -21,7 +21,7 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 
 import adaflash_hf  # noqa: F401
-from adaflash_hf.cli import load_models
+from adaflash_hf.bench.models import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig

@@ -19,7 +19,7 @@ import torch
 from transformers import HfArgumentParser
 
 import adaflash_hf  # noqa: F401
-from adaflash_hf.cli import load_models
+from adaflash_hf.bench.models import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.training import OPDConfig, OPDTrainer
 from adaflash_hf.training.data import script_training_dataset

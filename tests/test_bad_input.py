@@ -13,7 +13,9 @@ def no_models(monkeypatch):
     def load_models(*args, **kwargs):
         pytest.fail("a model was loaded before the bad input was reported")
 
-    monkeypatch.setattr(cli, "load_models", load_models)
+    import adaflash_hf.bench.models as models
+
+    monkeypatch.setattr(models, "load_models", load_models)
 
 
 def _prompts(tmp_path, text, name="prompts.jsonl"):

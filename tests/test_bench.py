@@ -4,11 +4,14 @@ import json
 
 import torch
 
-from adaflash_hf import AdaFlashDrafterModel
+from adaflash_hf import SpeculationRuntime
 from adaflash_hf.bench.runner import run_benchmark, summarize
-from adaflash_hf.cli import plot_bench, print_bench
+from adaflash_hf.bench.runner import plot_bench, print_bench
 
-from .conftest import VOCAB, make_tiny_target
+from .conftest import VOCAB, build_drafter, device_cost, make_tiny_target
+
+
+COST = device_cost({1: {1: 0.01, 4: 0.012}, 4: {1: 0.02, 4: 0.03}}, draft=0.002)
 
 
 class CharTokenizer:
@@ -29,8 +32,8 @@ RECORDS = [
 
 def test_bench_json_schema_and_accounting(tmp_path, capsys):
     target = make_tiny_target()
-    torch.manual_seed(0)
-    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    drafter = build_drafter(target, block_size=4, seed=0, hybrid_lookup=True, allow_no_draft=True)
+    knobs, runtime = drafter.generation_config, SpeculationRuntime(cost_model=COST).attach(drafter)
     methods = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
     results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=methods, max_new_tokens=12,
                             raw=True, progress=False)
@@ -48,7 +51,8 @@ def test_bench_json_schema_and_accounting(tmp_path, capsys):
     rounds = sum(len(m.accepted) for m in results if m.method == "adaflash")
     committed = sum(sum(m.accepted) + len(m.accepted) for m in results if m.method == "adaflash")
     assert abs(ours["tau"] - committed / rounds) < 1e-9
-    assert drafter.config.hybrid_lookup and drafter.config.allow_no_draft  # drafter_only restored the flags
+    assert drafter.generation_config is knobs and drafter.runtime is runtime  # every method restored them
+    assert "hybrid_lookup" not in drafter.config.to_dict()  # decoding knobs never touch the architecture config
     assert len(ours["acceptance_by_position"]) == 3
     assert set(ours["time_per_round_ms"]) == {"drafting", "verification_forward", "other"}
     for method in methods:
@@ -65,10 +69,9 @@ def test_concurrency_bench_schema_and_losslessness(tmp_path):
     from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
     target = make_tiny_target()
-    torch.manual_seed(0)
-    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    drafter = build_drafter(target, block_size=4, seed=0, hybrid_lookup=True, allow_no_draft=True)
     head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=64, block_size=4, head_dim=8)).eval()
-    drafter.attach_length_head(head, TargetCostModel(points={1: {1: 0.01, 4: 0.012}, 4: {1: 0.02, 4: 0.03}}))
+    SpeculationRuntime(length_head=head, cost_model=COST).attach(drafter)
     result = run_concurrency(target, CharTokenizer(), drafter, RECORDS, levels=(1, 4), max_new_tokens=8, raw=True,
                              progress=False)
     assert set(result["concurrency"]) == {"1", "4"}

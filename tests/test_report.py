@@ -170,6 +170,9 @@ def test_cli_parsing(tmp_path):
                                       "--seed", "3"])
     assert args.quick and args.output_dir == tmp_path and args.sections == ("a", "d") and args.seed == 3
     assert report.command_line(args) == f"adaflash-hf report --quick --output-dir {tmp_path} --sections a,d --seed 3"
+    args = build_parser().parse_args(["report", "--device", "cpu", "--repeats", "2"])
+    assert (args.device, args.repeats) == ("cpu", 2)
+    assert report.command_line(args) == "adaflash-hf report --output-dir docs --device cpu --repeats 2"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["report", "--sections", "a,z"])
     # the other subcommands still parse
@@ -177,9 +180,12 @@ def test_cli_parsing(tmp_path):
     assert build_parser().parse_args(["bench", "--max-prompts", "1"]).max_prompts == 1
 
 
-def test_quick_settings_are_smaller():
+def test_quick_settings_are_never_larger_than_full():
     quick, full = report.SETTINGS["quick"], report.SETTINGS["full"]
-    assert quick["b"]["levels"] == [1, 4] and full["b"]["levels"] == [1, 4, 16, 32]
-    for key in ("a", "d"):
-        assert quick[key]["max_prompts"] < full[key]["max_prompts"]
-        assert quick[key]["max_new_tokens"] < full[key]["max_new_tokens"]
+    assert set(quick) == set(full) == set(report.SECTIONS)
+    for key, settings in quick.items():
+        for name, value in settings.items():
+            if name in full[key]:
+                big = full[key][name]
+                assert (max(value) <= max(big) and len(value) <= len(big)) if isinstance(value, list) \
+                    else value <= big, (key, name)

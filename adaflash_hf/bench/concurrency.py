@@ -19,8 +19,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.batch import generate_batch
-from ..training.data import encode_prompt
+from ..generation.batch import generate_batch, run_knobs
+from ..generation.runtime import SpeculationRuntime, runtime_of
+from ..testbed.prompts import encode_prompt
 
 
 def _plain_batched(target, prompts, max_new_tokens, pad_id):
@@ -30,8 +31,8 @@ def _plain_batched(target, prompts, max_new_tokens, pad_id):
     for row, p in enumerate(prompts):
         ids[row, width - len(p):] = torch.tensor(p)
         mask[row, width - len(p):] = 1
-    out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=pad_id)
+    out = target.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                          max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id)
     eos = target.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     rows = []
@@ -50,18 +51,18 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
     """Measure every method at every level; returns the JSON-ready dict described in the module docstring."""
     prompts_all = [encode_prompt(tokenizer, r["prompt"], chat_template=not raw) for r in records]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    head = length_head or getattr(drafter, "length_head", None)
-    cost = cost_model or getattr(drafter, "cost_model", None)
+    head = length_head or runtime_of(drafter).length_head
+    cost = cost_model or runtime_of(drafter).cost_model
     # fixed_block / fixed_block_auto / adaptive: the block drafter alone (lookup off), so the length choice is what
     # differs; hybrid: the engine's defaults (per-row prompt lookup + drafter, head if any, plain-round fallback).
     methods = ["plain_batched", "fixed_block", "fixed_block_auto"]
-    methods += ["adaptive"] if head is not None and cost is not None else []
+    methods += ["adaptive"] if head is not None else []
     methods += ["hybrid"]
     references: dict[int, list[int]] = {}
 
     def reference(i):  # bs=1 plain greedy: the lossless reference of prompt i
         if i not in references:
-            ids = torch.tensor([prompts_all[i]])
+            ids = torch.tensor([prompts_all[i]], device=target.device)
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                   do_sample=False)
             references[i] = out[0, ids.shape[1]:].tolist()
@@ -78,17 +79,12 @@ def run_concurrency(target, tokenizer, drafter, records, levels=(1, 4, 16, 32), 
             if method == "plain_batched":
                 rows, stats = _plain_batched(target, prompts, max_new_tokens, pad_id), None
             else:
-                adaptive = method == "adaptive" or (method == "hybrid" and head is not None and cost is not None)
-                saved, drafter.config.hybrid_lookup = drafter.config.hybrid_lookup, method == "hybrid"
-                try:
-                    rows, stats = generate_batch(
-                        target, drafter, prompts, max_new_tokens, return_stats=True,
-                        length_head=head if adaptive else None, cost_model=cost if adaptive else None,
-                        fixed_length=None if adaptive else drafter.config.block_size - 1,
-                        speculation="always" if method == "fixed_block" else "auto",
-                    )
-                finally:
-                    drafter.config.hybrid_lookup = saved
+                adaptive = method == "adaptive" or (method == "hybrid" and head is not None)
+                knobs = run_knobs(drafter, length_policy="head" if adaptive else "full",
+                                  hybrid_lookup=method == "hybrid", allow_no_draft=method != "fixed_block")
+                runtime = SpeculationRuntime(length_head=head if adaptive else None, cost_model=cost)
+                rows, stats = generate_batch(target, drafter, prompts, max_new_tokens, return_stats=True,
+                                             generation_config=knobs, runtime=runtime)
             seconds = time.perf_counter() - start
             new_tokens = sum(len(r) for r in rows)
             detail = {"tokens_per_s": new_tokens / seconds, "new_tokens": new_tokens, "seconds": seconds,

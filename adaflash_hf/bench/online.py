@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..training.data import encode_prompt
+from ..generation.batch import run_knobs
+from ..testbed.prompts import encode_prompt
+from .models import DEVICES
+from .runner import DRAFTER_ONLY
 
 
 ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
-_ALWAYS_DRAFT = {"hybrid_lookup": False, "allow_no_draft": False}
 
 
 def shift_stream(domains=("prose", "code", "chat", "math"), per_domain: int = 4, split: str = "eval") -> list[dict]:
@@ -49,13 +51,13 @@ def _serve(target, tokenizer, drafter, records, max_new_tokens, desc, progress):
     """Serve `records` in order; returns per-prompt outputs, seconds and (speculative) accepted/drafted lists."""
     rows = []
     for record in tqdm(records, desc=desc, disable=not progress, unit="prompt"):
-        ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])])
-        kwargs = {"assistant_model": drafter} if drafter is not None else {}
+        ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])], device=target.device)
+        kwargs = {"assistant_model": drafter, "return_dict_in_generate": True} if drafter is not None else {}
         start = time.perf_counter()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                               do_sample=False, **kwargs)
         seconds = time.perf_counter() - start
-        stats = drafter.generation_stats if drafter is not None else None
+        stats, out = (out.speculation_stats, out.sequences) if drafter is not None else (None, out)
         rows.append({"output": out, "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
                      "accepted": list(stats.accepted) if stats else [], "domain": record["domain"]})
     return rows
@@ -82,8 +84,8 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, quick: b
               "plain_tokens_per_s": sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain),
               "algorithms": {}}
     base = copy.deepcopy(drafter)
-    for key, value in _ALWAYS_DRAFT.items():
-        setattr(base.config, key, value)
+    base.runtime = None  # each algorithm starts from a fresh runtime
+    base.generation_config = run_knobs(drafter, **DRAFTER_ONLY)
     for algorithm in algorithms:
         torch.manual_seed(seed)
         served = copy.deepcopy(base)
@@ -168,12 +170,14 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="write the JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write tau over time (PNG) here")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the models run (auto: the accelerator when there is one, else the CPU)")
 
 
 def main(args) -> dict:
-    from ..cli import load_models
+    from .models import load_models
 
-    target, tokenizer, drafter = load_models(args.target, args.drafter, torch.float32)
+    target, tokenizer, drafter = load_models(args.target, args.drafter, torch.float32, args.device)
     result = run_online_bench(target, tokenizer, drafter, [a.strip() for a in args.algorithms.split(",")],
                               quick=args.quick, seed=args.seed, per_domain=args.per_domain,
                               max_new_tokens=args.max_new_tokens, learning_rate=args.learning_rate)

@@ -17,8 +17,6 @@ numbers.
 
 import argparse
 import datetime
-import importlib
-import inspect
 import json
 import os
 import platform
@@ -28,9 +26,12 @@ import traceback
 from pathlib import Path
 
 from ..checkpoints import LENGTH_HEAD, OPD_DRAFTER
+from .args import positive_int
+from .models import DEVICES
 
 
 SECTIONS = ("a", "b", "c", "d")
+DEFAULT_REPEATS = 3  # timings per prompt and method (sections a, d): medians over interleaved repeats
 STD_REDUCTION = 0.30  # claim (i): OPD's cross-domain std of tau at least 30% lower ...
 ONLINE_ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
 
@@ -240,7 +241,7 @@ def plot_c(data: dict, path: Path) -> None:
 
 
 def plot_d(data: dict, path: Path) -> None:
-    from ..cli import plot_bench
+    from .runner import plot_bench
 
     plot_bench(data, path)
     _pyplot().close("all")
@@ -324,29 +325,29 @@ def _not_available(reason: str) -> dict:
 class _Models:
     """Testbed target + tokenizer + shipped drafter, loaded once and shared by sections (b)-(d)."""
 
-    def __init__(self):
+    def __init__(self, device="auto"):
         self._models = None
+        self.device = device
 
     def get(self):
         if self._models is None:
             import torch
 
-            from ..cli import load_models
+            from .models import load_models
 
-            self._models = load_models(None, None, torch.float32)
+            self._models = load_models(None, None, torch.float32, self.device)
         return self._models
 
 
 def _records(max_prompts):
-    from ..cli import _select
-    from ..testbed import default_eval_prompts
+    from .models import bench_records
 
-    return _select(default_eval_prompts(), max_prompts)
+    return bench_records(None, max_prompts)
 
 
 def section_a(args, cfg, models) -> dict:
     from ..checkpoints import HERE, offline_drafter_dir
-    from ..cli import run_compare
+    from .compare import run_compare
 
     offline = offline_drafter_dir()
     opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
@@ -355,11 +356,12 @@ def section_a(args, cfg, models) -> dict:
     if not (opd / "config.json").is_file():
         return _not_available(f"no OPD drafter at {opd} (no config.json): train one with examples/train_opd.py "
                               "and commit it there, or pass --opd-drafter PATH")
-    drafters, labels = f"{offline},{opd}", "offline,opd"
+    drafters, labels = [str(offline), str(opd)], ["offline", "opd"]
     if args.control_drafter:  # offline-only training for the same extra compute: is OPD's gain just more training?
-        drafters, labels = f"{drafters},{args.control_drafter}", f"{labels},offline_control"
-    ns = argparse.Namespace(drafters=drafters, labels=labels, prompts=None, dtype="float32", quiet=True, **cfg)
-    return {"status": "ok", "data": run_compare(ns),
+        drafters, labels = drafters + [args.control_drafter], labels + ["offline_control"]
+    data = run_compare(drafters, labels, _records(cfg["max_prompts"]), cfg["max_new_tokens"], "float32",
+                       args.device, args.repeats, progress=False)
+    return {"status": "ok", "data": data,
             "config": {"offline drafter": offline.name, "OPD drafter": str(opd), "prompts per domain": cfg["max_prompts"],
                        "max new tokens": cfg["max_new_tokens"], "dtype": "float32",
                        "decoding": "greedy, drafter alone (no lookup, no fallback)"}}
@@ -390,17 +392,11 @@ def section_b(args, cfg, models) -> dict:
 
 
 def section_c(args, cfg, models) -> dict:
-    try:
-        online = importlib.import_module("adaflash_hf.bench.online")
-    except ImportError as err:
-        return _not_available(f"not available yet: adaflash_hf.bench.online cannot be imported ({err})")
-    run = getattr(online, "run_online_bench", None)
-    if run is None:
-        return _not_available("not available yet: adaflash_hf.bench.online has no run_online_bench")
+    from .online import run_online_bench
+
     target, tokenizer, drafter = models.get()
-    extra = {"progress": False} if "progress" in inspect.signature(run).parameters else {}
-    data = run(target, tokenizer, drafter, algorithms=ONLINE_ALGORITHMS, quick=args.quick, seed=args.seed, **extra,
-               **cfg)
+    data = run_online_bench(target, tokenizer, drafter, algorithms=ONLINE_ALGORITHMS, quick=args.quick,
+                            seed=args.seed, progress=False, **cfg)
     stream = data.get("stream", {})
     return {"status": "ok", "data": data,
             "config": {"stream domains": " -> ".join(stream.get("domains", [])) or "-",
@@ -423,12 +419,15 @@ def section_d(args, cfg, models) -> dict:
         from ..interop import load_length_head_folder
 
         head, cost = load_length_head_folder(head_dir)
-        drafter.attach_length_head(head.to(drafter.dtype).eval(), cost)
+        from ..generation.runtime import SpeculationRuntime
+
+        SpeculationRuntime(length_head=head.to(drafter.dtype).eval(), cost_model=cost).attach(drafter)
         methods = (*BENCH_D_METHODS, *LENGTH_METHODS)
     measured = run_benchmark(target, tokenizer, drafter, records, methods=methods,
-                             max_new_tokens=cfg["max_new_tokens"], progress=False)
+                             max_new_tokens=cfg["max_new_tokens"], progress=False, repeats=args.repeats)
     data = summarize(measured, block_size=drafter.config.block_size)
-    data["config"] = {"dtype": "float32", "max_new_tokens": cfg["max_new_tokens"]}
+    data["config"] = {"dtype": "float32", "device": str(target.device), "max_new_tokens": cfg["max_new_tokens"],
+                      "repeats": args.repeats}
     return {"status": "ok", "data": data,
             "config": {"prompts per domain": cfg["max_prompts"], "held-out prompts": len(records),
                        "max new tokens": cfg["max_new_tokens"], "dtype": "float32", "decoding": "greedy",
@@ -458,6 +457,10 @@ def command_line(args) -> str:
     for flag in ("opd_drafter", "control_drafter", "length_head"):
         if getattr(args, flag, None):
             parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if getattr(args, "device", "auto") != "auto":
+        parts += ["--device", args.device]
+    if getattr(args, "repeats", DEFAULT_REPEATS) != DEFAULT_REPEATS:
+        parts += ["--repeats", str(args.repeats)]
     return " ".join(parts)
 
 
@@ -467,7 +470,7 @@ def run_report(args) -> tuple[dict, dict]:
     import transformers
 
     settings = SETTINGS["quick" if args.quick else "full"]
-    models = _Models()
+    models = _Models(args.device)
     sections = {}
     start = time.perf_counter()
     for key in args.sections:
@@ -514,6 +517,10 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-head", default=None,
                    help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
     p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the models run (auto: the accelerator when there is one, else the CPU)")
+    p.add_argument("--repeats", type=positive_int("--repeats"), default=DEFAULT_REPEATS,
+                   help="timings per prompt and method in sections (a) and (d), interleaved; medians are reported")
 
 
 def main_report(args) -> int:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.candidate_generator import SpeculationStats
-from ..training.data import encode_prompt
+from ..generation.cost_model import synchronize
+from ..generation.stats import SpeculationStats
+from ..testbed.prompts import encode_prompt
 
 
 METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
@@ -33,7 +34,7 @@ METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_onl
 LENGTH_METHODS = ("drafter_confidence", "drafter_heuristic", "drafter_head")
 OURS = ("adaflash", "drafter_only", *LENGTH_METHODS)
 ALL_METHODS = (*METHODS, *LENGTH_METHODS)
-_DRAFTER_ONLY = {"hybrid_lookup": False, "allow_no_draft": False}
+DRAFTER_ONLY = {"hybrid_lookup": False, "allow_no_draft": False}  # every round drafts
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Measurement:
     verify_seconds: float = 0.0
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    seconds_repeats: list[float] = field(default_factory=list)  # one wall time per repeat (`seconds`: their median)
 
 
 class _TargetProbe:
@@ -97,28 +99,34 @@ def method_kwargs(method: str, drafter, target, lookup_tokens: int = 10, early_e
     raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
 
 
-@contextlib.contextmanager
-def _drafter_config(drafter, method: str):
-    """Temporarily set the drafter up for `method`: config flags, length head and length policy."""
-    overrides = _DRAFTER_ONLY if method in OURS and method != "adaflash" else {}
-    head = getattr(drafter, "length_head", None)
+def method_setup(drafter, method: str):
+    """`(generation_config, runtime)` the drafter decodes with for `method` (see `METHODS` / `LENGTH_METHODS`)."""
+    from ..generation.batch import run_knobs
+    from ..generation.runtime import SpeculationRuntime, runtime_of
+
+    runtime = runtime_of(drafter)
+    if method == "adaflash":
+        return drafter.generation_config, runtime
+    head = runtime.length_head
     if method == "drafter_head" and head is None:
         raise ValueError("method 'drafter_head' needs a length head: pass --length-head PATH")
-    attrs = {"length_head": head if method in ("adaflash", "drafter_head") else None,
-             "length_policy": {"drafter_confidence": "confidence", "drafter_heuristic": "heuristic"}.get(method)}
-    saved = {k: getattr(drafter.config, k) for k in overrides}
-    saved_attrs = {k: getattr(drafter, k, None) for k in attrs}
-    for k, v in overrides.items():
-        setattr(drafter.config, k, v)
-    for k, v in attrs.items():
-        setattr(drafter, k, v)
-    try:
+    policy = {"drafter_only": "full", "drafter_confidence": "confidence", "drafter_heuristic": "heuristic",
+              "drafter_head": "head"}[method]
+    knobs = run_knobs(drafter, length_policy=policy, **DRAFTER_ONLY)
+    return knobs, SpeculationRuntime(length_head=head if policy == "head" else None, cost_model=runtime.cost_model)
+
+
+@contextlib.contextmanager
+def _drafter_config(drafter, method: str):
+    """Temporarily set the drafter up for `method` (its generation config and runtime; never its config.json)."""
+    if method not in OURS:
         yield
-    finally:
-        for k, v in saved.items():
-            setattr(drafter.config, k, v)
-        for k, v in saved_attrs.items():
-            setattr(drafter, k, v)
+        return
+    from ..generation.runtime import decoding_setup
+
+    knobs, runtime = method_setup(drafter, method)
+    with decoding_setup(drafter, knobs, runtime):
+        yield
 
 
 @torch.inference_mode()
@@ -133,51 +141,66 @@ def run_benchmark(
     warmup: int = 1,
     progress: bool = True,
     references: list | None = None,
+    repeats: int = 1,
 ) -> list[Measurement]:
     """Run `methods` on `records` (`{"prompt", "domain"}`) and return one `Measurement` per (prompt, method).
 
-    Plain greedy always runs first on each prompt (it is the reference for `identical` and speed-ups), unless
-    `references` (one plain output per record, from an earlier run) is given; plain outputs are appended to a
-    `references` list passed empty.
+    Prompts and tensors live on the target's device. Plain greedy always runs first on each prompt (it is the
+    reference for `identical` and speed-ups), unless `references` (one plain output per record, from an earlier run)
+    is given; plain outputs are appended to a `references` list passed empty. With `repeats > 1` every prompt runs
+    `repeats` times per method, methods interleaved within each repeat; each `Measurement` keeps every repeat's wall
+    time (`seconds_repeats`) and its `seconds` is their median.
     """
     reuse = bool(references)
     if "plain" not in methods and not reuse:
         methods = ("plain", *methods)
     probe = _TargetProbe(target)
     results = []
+    device = target.device
+
+    def run(method, ids, new_tokens):
+        ours = method in OURS
+        with _drafter_config(drafter, method):
+            synchronize(device)
+            start = time.perf_counter()
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                  do_sample=False, return_dict_in_generate=ours,
+                                  **method_kwargs(method, drafter, target))
+            synchronize(device)
+            seconds = time.perf_counter() - start
+        return (out.sequences, out.speculation_stats, seconds) if ours else (out, None, seconds)
+
     try:
-        encoded = [torch.tensor([encode_prompt(tokenizer, r["prompt"], chat_template=not raw)]) for r in records]
+        encoded = [torch.tensor([encode_prompt(tokenizer, r["prompt"], chat_template=not raw)], device=device)
+                   for r in records]
         for ids in encoded[:warmup]:  # warm up kernels/allocator once per method
             for method in methods:
-                with _drafter_config(drafter, method):
-                    target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                    **method_kwargs(method, drafter, target))
+                run(method, ids, 8)
         for i, (record, ids) in enumerate(tqdm(list(zip(records, encoded)), desc="bench", disable=not progress,
                                                 unit="prompt")):
             reference = references[i] if reuse else None
-            for method in methods:
-                probe.reset()
-                with _drafter_config(drafter, method):
-                    start = time.perf_counter()
-                    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                          do_sample=False, **method_kwargs(method, drafter, target))
-                    seconds = time.perf_counter() - start
-                if method == "plain" and not reuse:
-                    reference = out
-                    if references is not None:
-                        references.append(out)
-                m = Measurement(
-                    method=method,
-                    domain=record.get("domain", "all"),
-                    new_tokens=out.shape[1] - ids.shape[1],
-                    seconds=seconds,
-                    identical=bool(out.shape == reference.shape and torch.equal(out, reference)),
-                    target_forwards=probe.count,
-                    verify_seconds=probe.seconds,
-                )
-                if method in OURS:
-                    stats = drafter.generation_stats
-                    m.draft_seconds, m.drafted, m.accepted = stats.draft_seconds, list(stats.drafted), list(stats.accepted)
+            measured: dict[str, Measurement] = {}
+            for repeat in range(repeats):
+                for method in methods:
+                    probe.reset()
+                    out, stats, seconds = run(method, ids, max_new_tokens)
+                    if method in measured:  # a repeat: same output (deterministic), one more timing
+                        measured[method].seconds_repeats.append(seconds)
+                        continue
+                    if method == "plain" and not reuse:
+                        reference = out
+                        if references is not None:
+                            references.append(out)
+                    m = Measurement(
+                        method=method, domain=record.get("domain", "all"), new_tokens=out.shape[1] - ids.shape[1],
+                        seconds=seconds, identical=bool(out.shape == reference.shape and torch.equal(out, reference)),
+                        target_forwards=probe.count, verify_seconds=probe.seconds, seconds_repeats=[seconds])
+                    if stats is not None:
+                        m.draft_seconds, m.drafted, m.accepted = stats.draft_seconds, list(stats.drafted), list(
+                            stats.accepted)
+                    measured[method] = m
+            for m in measured.values():
+                m.seconds = statistics.median(m.seconds_repeats)
                 results.append(m)
     finally:
         probe.close()
@@ -185,20 +208,32 @@ def run_benchmark(
 
 
 def summarize(results: list[Measurement], block_size: int | None = None) -> dict:
-    """Aggregate measurements into the bench JSON (see `adaflash-hf bench --help` for the schema)."""
+    """Aggregate measurements into the bench JSON (see `adaflash-hf bench --help` for the schema).
+
+    With repeats, `tokens_per_s` and `speedup` are medians over repeats (each repeat's rate summed over prompts)
+    and `tokens_per_s_range` / `speedup_range` their [min, max].
+    """
     by_method = defaultdict(list)
     for m in results:
         by_method[m.method].append(m)
     domains = sorted({m.domain for m in results})
 
+    def rates(ms: list[Measurement]) -> list[float]:
+        n = min((len(m.seconds_repeats) for m in ms), default=0) or 1
+        tokens = sum(m.new_tokens for m in ms)
+        return [tokens / max(sum((m.seconds_repeats or [m.seconds])[r] for m in ms), 1e-9) for r in range(n)]
+
     def aggregate(ms: list[Measurement], plain: list[Measurement]) -> dict:
         tokens, seconds = sum(m.new_tokens for m in ms), sum(m.seconds for m in ms)
-        plain_rate = sum(p.new_tokens for p in plain) / max(sum(p.seconds for p in plain), 1e-9)
-        rate = tokens / max(seconds, 1e-9)
+        ours, theirs = rates(ms), rates(plain) if plain else []
+        ratios = [a / b for a, b in zip(ours, theirs) if b] if theirs else []
         verify_forwards = sum(max(m.target_forwards - 1, 0) for m in ms)
         out = {
-            "tokens_per_s": rate,
-            "speedup": rate / plain_rate if plain_rate else 0.0,
+            "tokens_per_s": statistics.median(ours),
+            "tokens_per_s_range": [min(ours), max(ours)],
+            "speedup": statistics.median(ratios) if ratios else 0.0,
+            "speedup_range": [min(ratios), max(ratios)] if ratios else [0.0, 0.0],
+            "repeats": len(ours),
             "tau": sum(max(m.new_tokens - 1, 0) for m in ms) / max(verify_forwards, 1),
             "identical": sum(m.identical for m in ms),
             "total": len(ms),
@@ -239,3 +274,48 @@ def summarize(results: list[Measurement], block_size: int | None = None) -> dict
         "tau_cross_domain_std": statistics.pstdev(taus) if len(taus) > 1 else 0.0,
         "methods": methods,
     }
+
+
+def print_bench(summary: dict) -> None:
+    methods = summary["methods"]
+    domains = list(summary["domains"])
+    print(f"\n{'method':<19}{'domain':<9}{'tok/s':>8}{'range':>15}{'speedup':>9}{'tau':>7}{'identical':>11}"
+          f"{'verif/com':>10}")
+    for method, data in methods.items():
+        for name, row in [("overall", data["overall"])] + [(d, data["domains"][d]) for d in domains]:
+            vpc = f"{row['verified_per_committed']:>8.2f}" if "verified_per_committed" in row else f"{'-':>8}"
+            lo, hi = row.get("tokens_per_s_range", [row["tokens_per_s"]] * 2)
+            print(f"{method:<19}{name:<9}{row['tokens_per_s']:>8.1f}{f'{lo:.1f}-{hi:.1f}':>15}"
+                  f"{row['speedup']:>8.2f}x{row['tau']:>7.2f}{row['identical']:>6}/{row['total']:<4}{vpc}")
+    ours = methods.get("adaflash", {}).get("overall", {})
+    if "acceptance_by_position" in ours:
+        rates = " ".join(f"{r:.2f}" for r in ours["acceptance_by_position"])
+        print(f"\nadaflash acceptance by draft position: {rates}")
+        t = ours["time_per_round_ms"]
+        print(f"adaflash time per round: drafting {t['drafting']:.1f} ms, verification forward "
+              f"{t['verification_forward']:.1f} ms, other {t['other']:.1f} ms")
+    print(f"tau cross-domain std (adaflash): {summary['tau_cross_domain_std']:.3f}")
+
+
+def plot_bench(summary: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(summary["methods"])
+    groups = ["overall", *summary["domains"]]
+    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        data = summary["methods"][method]
+        values = [data["overall"]["tokens_per_s"]] + [data["domains"][d]["tokens_per_s"] for d in groups[1:]]
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=method)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
+    ax.set_ylabel("output tokens / s")
+    cfg = summary.get("config", {})
+    ax.set_title(f"bs=1, {cfg.get('dtype', '')} on {cfg.get('device', '')}, {cfg.get('max_new_tokens', '')} new tokens")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -30,6 +30,7 @@ from .model import TESTBED_MODEL_ID, ensure_converted, ensure_gguf, load_testbed
 from .prompts import (
     DOMAINS,
     default_eval_prompts,
+    encode_prompt,
     load_prompts,
     read_prompts_jsonl,
     split_of,
@@ -42,6 +43,7 @@ __all__ = [
     "TESTBED_MODEL_ID",
     "cache_dir",
     "default_eval_prompts",
+    "encode_prompt",
     "ensure_converted",
     "ensure_gguf",
     "load_prompts",

@@ -58,6 +58,15 @@ def _check_record(record: object, where: str) -> dict:
     return record
 
 
+def encode_prompt(tokenizer, prompt: str, chat_template: bool = True) -> list[int]:
+    """Token ids of a user prompt, wrapped in the chat template (with the assistant turn opened) by default."""
+    if chat_template and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    return tokenizer(prompt)["input_ids"]
+
+
 def read_prompts_jsonl(path: str | Path) -> list[dict]:
     """Read prompt records from a JSONL file (one JSON object per line, blank lines skipped).
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..testbed.prompts import encode_prompt
 from .blocks import gather_context
 
 
@@ -32,15 +33,6 @@ logger = logging.getLogger(__name__)
 def fingerprint(*parts) -> str:
     """Stable short hash of JSON-serialisable parts (cache keys)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def encode_prompt(tokenizer, prompt: str, chat_template: bool = True) -> list[int]:
-    """Token ids of a user prompt, wrapped in the chat template (with the assistant turn opened) by default."""
-    if chat_template and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-    return tokenizer(prompt)["input_ids"]
 
 
 @torch.inference_mode()

@@ -48,8 +48,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of tokens/s per domain and method")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--concurrency", type=concurrency_levels, default=None,
-                   help="e.g. 1,4,16,32: instead of the bs=1 methods, measure batched throughput at these levels "
-                        "(plain batched generate, fixed block, adaptive length head); JSON key 'concurrency'")
+                   help="e.g. 1,4,16,64: instead of the bs=1 methods, run the request-stream serving bench at these "
+                        "levels (see `adaflash-hf bench-serving --help`); JSON key 'concurrency'")
     p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
                    help="length head folder (with cost_model.json) for 'adaptive'")
     _device_arguments(p)
@@ -109,12 +109,12 @@ def run_bench(args) -> dict:
               "prompts": str(args.prompts or "default_eval_prompts"), "max_new_tokens": args.max_new_tokens,
               "dtype": args.dtype, "device": str(target.device), "threads": torch.get_num_threads(),
               "raw": args.raw, "n_prompts": len(records), "repeats": args.repeats}
-    if args.concurrency:
-        from .bench.concurrency import run_concurrency
+    if args.concurrency:  # the request-stream serving bench (`adaflash-hf bench-serving` has all its options)
+        from .bench.serving import run_serving
 
         levels = [int(x) for x in args.concurrency.split(",")]
-        result = run_concurrency(target, tokenizer, drafter, records, levels=levels,
-                                 max_new_tokens=args.max_new_tokens, raw=args.raw, progress=not args.quiet)
+        result = run_serving(target, tokenizer, drafter, records, levels=levels, max_new_tokens=args.max_new_tokens,
+                             raw=args.raw, repeats=args.repeats, progress=not args.quiet)
         result["config"] = config
         return result
     from .bench.runner import run_benchmark, summarize
@@ -154,8 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     _compare_parser(sub)
     _report_parser(sub)
     from .bench.online import add_parser as _online_parser
+    from .bench.serving import add_parser as _serving_parser
 
     _online_parser(sub)
+    _serving_parser(sub)
     return parser
 
 
@@ -170,6 +172,11 @@ def main(argv=None) -> int:
 
         online.main(args)
         return 0
+    if args.command == "bench-serving":
+        from .bench import serving
+
+        serving.main(args)
+        return 0
     if args.command == "compare":
         from .bench.compare import print_compare
 
@@ -178,10 +185,10 @@ def main(argv=None) -> int:
     else:
         result = run_bench(args)
         if "concurrency" in result:
-            from .bench.concurrency import plot_concurrency, print_concurrency
+            from .bench.serving import plot_serving, print_serving
 
-            print_concurrency(result)
-            plotter = plot_concurrency
+            print_serving(result)
+            plotter = plot_serving
         else:
             from .bench.runner import plot_bench, print_bench
 

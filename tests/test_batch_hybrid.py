@@ -7,7 +7,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from adaflash_hf.generation import SpeculationRuntime
 from adaflash_hf.generation.batch import AdaFlashBatchGenerator, generate_batch, rejection_sample
-from adaflash_hf.generation.lookup import RowLookup
+from adaflash_hf.generation.lookup import BatchLookup
 from adaflash_hf.generation.policy import ProposalPolicy
 from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig
 
@@ -39,10 +39,36 @@ def _lookup_stats(stats):
 # ---------------------------------------------------------------------------------------------------- lookup
 
 
-def test_row_lookup_reuses_transformers_matcher_and_caps():
-    lookup = RowLookup(num_tokens=10, max_ngram=2, eos={7})
-    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # "1 2" was followed by "3 4 5 6", then EOS 7
-    assert lookup.propose([text, text, [9, 8], [9, 9], [4]], [10, 2, 5, 5, 5]) == [[3, 4, 5, 6], [3, 4], [], [9], []]
+def test_batch_lookup_equals_transformers_matcher_row_by_row():
+    """The vectorised lookup proposes, for every row, what transformers' bs=1 matcher proposes for its text."""
+    import sys
+
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    g = torch.Generator().manual_seed(0)
+    eos = {7}
+    for trial in range(30):
+        prompts = [torch.randint(0, 9, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(6)]
+        lookup = BatchLookup(prompts, 20, num_tokens=5, max_ngram=3, eos=eos, device="cpu")
+        texts = [list(p) for p in prompts]
+        for step in range(3):  # rows grow by different amounts, as committed tokens do
+            caps = torch.randint(0, 7, (6,), generator=g)
+            idx = torch.arange(6)
+            proposals, lengths = lookup.propose(idx, caps)
+            matcher = PromptLookupCandidateGenerator(eos_token_id=torch.tensor(sorted(eos)), num_output_tokens=5,
+                                                     max_matching_ngram_size=3, max_length=sys.maxsize)
+            for r, text in enumerate(texts):
+                expected = []
+                if len(text) >= 2:
+                    candidates, _ = matcher.get_candidates(torch.tensor([text]))
+                    expected = candidates[0, len(text):].tolist()[: int(caps[r])]
+                assert proposals[r, : int(lengths[r])].tolist() == expected, (trial, step, r, text)
+            new = torch.randint(0, 9, (6, 3), generator=g)
+            counts = torch.randint(0, 4, (6,), generator=g)
+            lookup.append(idx, new, counts)
+            for r in range(6):
+                texts[r] += new[r, : int(counts[r])].tolist()
 
 
 def test_row_source_uses_each_rows_own_averages():

@@ -2,7 +2,8 @@
 
 import json
 
-import torch
+import pytest
+
 
 from adaflash_hf import SpeculationRuntime
 from adaflash_hf.bench.runner import run_benchmark, summarize
@@ -63,24 +64,43 @@ def test_bench_json_schema_and_accounting(tmp_path, capsys):
     assert (tmp_path / "bench.png").stat().st_size > 1000
 
 
-def test_concurrency_bench_schema_and_losslessness(tmp_path):
-    from adaflash_hf.bench.concurrency import plot_concurrency, print_concurrency, run_concurrency
-    from adaflash_hf.generation.cost_model import TargetCostModel
+def test_serving_bench_schema_latencies_and_losslessness(tmp_path, capsys):
+    from adaflash_hf.bench.serving import METHODS, plot_serving, print_serving, request_stream, run_serving
     from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
     target = make_tiny_target()
+    target.generation_config.eos_token_id = None
     drafter = build_drafter(target, block_size=4, seed=0, hybrid_lookup=True, allow_no_draft=True)
     head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=64, block_size=4, head_dim=8)).eval()
     SpeculationRuntime(length_head=head, cost_model=COST).attach(drafter)
-    result = run_concurrency(target, CharTokenizer(), drafter, RECORDS, levels=(1, 4), max_new_tokens=8, raw=True,
-                             progress=False)
-    assert set(result["concurrency"]) == {"1", "4"}
-    for level in ("1", "4"):
-        assert set(result["concurrency"][level]) == {"plain_batched", "fixed_block", "fixed_block_auto", "adaptive",
-                                                     "hybrid"}
-        for method, detail in result["detail"][level].items():
-            assert detail["identical"] == detail["total"] == int(level), (level, method)
-    assert result["detail"]["4"]["fixed_block"]["verified_per_committed"] > 0
-    print_concurrency(result)
-    plot_concurrency(result, tmp_path / "c.png")
-    assert (tmp_path / "c.png").is_file()
+    result = run_serving(target, CharTokenizer(), drafter, RECORDS, levels=(1, 3), max_new_tokens=6, requests=4,
+                         raw=True, progress=False)
+    assert result["methods"] == list(METHODS) and set(result["concurrency"]) == {"1", "3"}
+    for level in ("1", "3"):
+        assert result["peer"][level] in ("transformers_cb", "plain_batched")
+        for method, d in result["detail"][level].items():
+            assert d["identical"] == d["total"] == 4, (level, method)  # every output equals plain bs=1 greedy
+            assert d["new_tokens"] == 4 * 6 and d["tokens_per_s"] == result["concurrency"][level][method]
+            assert 0 < d["ttft_ms"]["p50"] <= d["ttft_ms"]["p99"] and d["itl_ms"]["p50"] <= d["itl_ms"]["p99"]
+            assert d["vs_peer"] > 0
+        assert result["detail"][level]["fixed_block"]["verified_per_committed"] > 1.0
+    json.loads(json.dumps(result))
+    print_serving(result)
+    assert "transformers_cb" in capsys.readouterr().out
+    plot_serving(result, tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    stream = request_stream(5, 2, rate=10.0, seed=1)
+    assert [i for i, _ in stream] == [0, 1, 0, 1, 0] and stream[0][1] == 0.0
+    assert all(b[1] > a[1] for a, b in zip(stream, stream[1:]))  # Poisson arrivals, increasing
+
+
+def test_serving_metrics_from_token_times():
+    from adaflash_hf.bench.serving import Served, serving_metrics
+
+    served = [Served(0, 0.0, [0.1, 0.3, 0.3, 0.6], [1, 2, 3, 4]), Served(1, 0.2, [0.5, 0.7], [5, 6])]
+    m = serving_metrics(served, 1.0)
+    assert m["tokens_per_s"] == 6 and m["requests"] == 2
+    assert m["ttft_ms"]["p50"] == pytest.approx(200.0)  # (100 + 300) / 2 ms
+    # deliveries: request 0 at .1, .3 (two tokens at once), .6 -> gaps 200, 300 ms; request 1: 200 ms
+    assert m["itl_ms"]["p50"] == pytest.approx(200.0) and m["itl_ms"]["p99"] == pytest.approx(298.0)
+    assert m["tpot_ms"]["p50"] == pytest.approx((500 / 3 + 200) / 2)

@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from adaflash_hf import AdaFlashDrafterModel, SpeculationRuntime, generate_batch
+from adaflash_hf import generate_batch
 from adaflash_hf.generation import cost_model as cost_module
 from adaflash_hf.generation.cost_model import TargetCostModel, cost_model_for, device_name
 from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig

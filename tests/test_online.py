@@ -7,7 +7,6 @@ import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers.cache_utils import DFlashCache
 
-from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.online import (
     Hedge,
     OnlineLearner,

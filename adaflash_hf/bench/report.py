@@ -5,7 +5,8 @@ Four sections, each a table saying which claim it tests and whether it held on t
 computed from the measured numbers by the `verdict_*` functions below, never written by hand):
 
   (a) AdaFlash (i)  offline-only drafter vs OPD drafter: mean tau and cross-domain std of tau (`run_compare`);
-  (b) AdaFlash (ii) fixed block vs length head at several concurrency levels (`run_concurrency`);
+  (b) AdaFlash (ii) fixed block vs length head at several concurrency levels, beside transformers' plain peers
+      (`bench/serving.run_serving`, a request-stream bench);
   (c) OnlineSpec    static vs online drafter updates on a domain-shift stream (`bench/online.run_online_bench`);
   (d) plain vs speculative decoding at batch size 1: speed-up and tau per domain (`run_benchmark`).
 
@@ -38,11 +39,11 @@ ONLINE_ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
 # Per-section settings; quick mode must finish within 15 minutes on 2 CPU cores.
 SETTINGS = {
     "quick": {"a": {"max_prompts": 1, "max_new_tokens": 32},
-              "b": {"levels": [1, 4], "max_new_tokens": 16},
+              "b": {"levels": [1, 4], "max_new_tokens": 16, "max_requests": 8},
               "c": {"per_domain": 1, "max_new_tokens": 32},
               "d": {"max_prompts": 1, "max_new_tokens": 32}},
     "full": {"a": {"max_prompts": 3, "max_new_tokens": 128},
-             "b": {"levels": [1, 4, 16, 32], "max_new_tokens": 48},
+             "b": {"levels": [1, 4, 16, 64], "max_new_tokens": 48, "max_requests": 64},
              "c": {},
              "d": {"max_prompts": 3, "max_new_tokens": 128}},
 }
@@ -80,7 +81,7 @@ def verdict_a(data: dict) -> tuple[str, str]:
 
 
 def verdict_b(data: dict) -> tuple[str, str]:
-    """Claim (ii) from `run_concurrency` output with an "adaptive" method."""
+    """Claim (ii) from `bench/serving.run_serving` output with "fixed_block" and "adaptive" methods."""
     if "adaptive" not in data.get("methods", []):
         return "not tested", "no adaptive (length head) measurements"
     fewer, faster, parts = [], [], []
@@ -88,12 +89,13 @@ def verdict_b(data: dict) -> tuple[str, str]:
         fix, ada = methods["fixed_block"], methods["adaptive"]
         fewer.append(ada["verified_per_committed"] < fix["verified_per_committed"])
         faster.append(ada["tokens_per_s"] > fix["tokens_per_s"])
+        peer = data.get("peer", {}).get(level)
+        vs = f", {ada.get('vs_peer', 0):.2f}x the faster plain peer ({peer})" if peer else ""
         parts.append(f"c={level}: {fix['tokens_per_s']:.1f} -> {ada['tokens_per_s']:.1f} tok/s, "
-                     f"verified/committed {fix['verified_per_committed']:.2f} -> {ada['verified_per_committed']:.2f}")
-    top = max(data["detail"], key=int)
-    vs_plain = data["detail"][top]["adaptive"]["tokens_per_s"] / max(data["detail"][top]["plain_batched"]["tokens_per_s"], 1e-9)
+                     f"verified/committed {fix['verified_per_committed']:.2f} -> {ada['verified_per_committed']:.2f}"
+                     f"{vs}")
     why = (f"fixed -> adaptive: {'; '.join(parts)}. Fewer verified tokens at {sum(fewer)}/{len(fewer)} levels, "
-           f"higher throughput at {sum(faster)}/{len(faster)}. Adaptive vs plain batched at c={top}: {vs_plain:.2f}x")
+           f"higher throughput at {sum(faster)}/{len(faster)}")
     return ("held" if all(fewer) and all(faster) else "did not hold"), why
 
 
@@ -151,14 +153,14 @@ def table_a(data: dict) -> list[str]:
 
 def table_b(data: dict) -> list[str]:
     methods = data["methods"]
-    spec = [m for m in methods if m != "plain_batched"]
-    headers = (["concurrency"] + [f"{m} tok/s" for m in methods] + [f"{m} tau" for m in spec]
-               + [f"{m} verified/committed" for m in spec] + ["identical"])
+    ours = [m for m in methods if "verified_per_committed" in next(iter(data["detail"].values()))[m]]
+    headers = (["concurrency", "faster plain peer"] + [f"{m} tok/s" for m in methods] + [f"{m} tau" for m in ours]
+               + [f"{m} verified/committed" for m in ours] + ["identical"])
     rows = []
     for level, det in data["detail"].items():
         same = sum(det[m]["identical"] for m in methods)
-        rows.append([level] + [f"{det[m]['tokens_per_s']:.1f}" for m in methods]
-                    + [_fmt(det[m].get("tau")) for m in spec] + [_fmt(det[m].get("verified_per_committed")) for m in spec]
+        rows.append([level, data.get("peer", {}).get(level, "-")] + [f"{det[m]['tokens_per_s']:.1f}" for m in methods]
+                    + [_fmt(det[m].get("tau")) for m in ours] + [_fmt(det[m].get("verified_per_committed")) for m in ours]
                     + [f"{same}/{sum(det[m]['total'] for m in methods)}"])
     return _table(headers, rows)
 
@@ -221,7 +223,7 @@ def plot_b(data: dict, path: Path) -> None:
     for i, method in enumerate(data["methods"]):
         style = {"marker": "o", "label": method, "color": f"C{i}"}
         ax1.plot([int(x) for x in levels], [data["detail"][x][method]["tokens_per_s"] for x in levels], **style)
-        if method != "plain_batched":
+        if "verified_per_committed" in data["detail"][levels[0]][method]:
             ax2.plot([int(x) for x in levels], [data["detail"][x][method]["verified_per_committed"] for x in levels],
                      **style)
     for ax, label in ((ax1, "output tokens / s"), (ax2, "verified / committed tokens")):
@@ -374,21 +376,19 @@ def section_b(args, cfg, models) -> dict:
     if not (head_dir / "config.json").is_file() or not (head_dir / "cost_model.json").is_file():
         return _not_available(f"no length head at {head_dir} (needs config.json and cost_model.json): train one "
                               "with examples/train_length_head.py and commit it there, or pass --length-head PATH")
-    import torch
-
-    from ..generation.cost_model import TargetCostModel
-    from ..models import AdaFlashLengthHead
-    from .concurrency import run_concurrency
+    from .models import attach_length_head
+    from .serving import run_serving
 
     target, tokenizer, drafter = models.get()
-    head = AdaFlashLengthHead.from_pretrained(head_dir, dtype=torch.float32).eval()
-    cost = TargetCostModel.load(head_dir / "cost_model.json")
-    records = _records(None)
-    data = run_concurrency(target, tokenizer, drafter, records, levels=cfg["levels"],
-                           max_new_tokens=cfg["max_new_tokens"], length_head=head, cost_model=cost, progress=False)
+    attach_length_head(drafter, head_dir)
+    data = run_serving(target, tokenizer, drafter, _records(None), levels=cfg["levels"],
+                       max_new_tokens=cfg["max_new_tokens"], max_requests=cfg["max_requests"], repeats=args.repeats,
+                       seed=args.seed, progress=False)
     return {"status": "ok", "data": data,
             "config": {"levels": ",".join(map(str, cfg["levels"])), "max new tokens": cfg["max_new_tokens"],
-                       "prompts": "first c held-out prompts", "dtype": "float32", "length head": str(head_dir)}}
+                       "requests": f"4 x concurrency, at most {cfg['max_requests']}, all queued at t=0",
+                       "prompts": "held-out prompts in order", "dtype": "float32", "device": str(target.device),
+                       "length head": str(head_dir), "repeats": args.repeats}}
 
 
 def section_c(args, cfg, models) -> dict:

@@ -47,7 +47,7 @@ from transformers.cache_utils import DFlashCache
 from .cost_model import cost_model_for, synchronize
 from .dispatch import check_pair
 from .drafting import LengthChooser, draft_logits, noise_embeds, pick_drafts
-from .lookup import RowLookup, pad_proposals
+from .lookup import BatchLookup
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
@@ -112,10 +112,12 @@ class BatchRun:
     generator: torch.Generator | None
     stats: BatchStats
     lengths: LengthChooser | None = None
-    lookup: RowLookup | None = None
+    lookup: BatchLookup | None = None
     cost: object | None = None
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
+    start: float = 0.0  # perf_counter at the start of the run; token times are relative to it
+    now: float = 0.0  # the current round's commit time (seconds from `start`)
 
     def remaining(self, prompt_idx: list[int]) -> list[int]:
         return [self.max_new - len(self.outputs[i]) for i in prompt_idx]
@@ -185,7 +187,7 @@ class AdaFlashBatchGenerator:
     def generate(self, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
                  temperature: float = 1.0, max_batch_size: int | None = None, continuous: bool = False,
                  attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 return_stats: bool = False):
+                 arrivals: list[float] | None = None, return_stats: bool = False):
         """New tokens of every prompt (input order; EOS included when produced); with `return_stats`, also the
         run's `BatchStats`.
 
@@ -195,6 +197,9 @@ class AdaFlashBatchGenerator:
             max_batch_size: most rows decoded together (default: all). Without `continuous`, prompts are decoded in
                 consecutive static batches; with it, a waiting prompt joins as soon as a row finishes.
             generator: RNG for sampling (on the model's device).
+            arrivals: seconds from the start at which each prompt arrives (a request stream, nondecreasing); a prompt
+                is admitted only once it has arrived (default: all at once). Its tokens' commit times are in
+                `BatchStats.token_times`.
         """
         prompts = _prompt_lists(prompts, attention_mask)
         if do_sample and not temperature > 0:
@@ -205,6 +210,10 @@ class AdaFlashBatchGenerator:
         run = BatchRun(prompts, int(max_new_tokens), eos, do_sample, float(temperature), generator,
                        BatchStats.for_prompts(len(prompts)), outputs=[[] for _ in prompts],
                        done=[False] * len(prompts))
+        if arrivals is not None:
+            if len(arrivals) != len(prompts) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
+                raise ValueError("arrivals must give one nondecreasing time per prompt.")
+            run.stats.arrivals = [float(a) for a in arrivals]
         cap = max_batch_size or len(prompts)
         if max_new_tokens > 0 and prompts:
             self._setup(run, cap)
@@ -217,7 +226,8 @@ class AdaFlashBatchGenerator:
             return
         knobs, runtime = self.knobs, self.runtime
         if knobs.hybrid_lookup:
-            run.lookup = RowLookup(knobs.prompt_lookup_num_tokens, knobs.max_matching_ngram_size, run.eos)
+            run.lookup = BatchLookup(run.prompts, run.max_new, knobs.prompt_lookup_num_tokens,
+                                     knobs.max_matching_ngram_size, run.eos, self.device)
         policy = runtime.policy_for(knobs)
         policy.start_run()
         head = runtime.length_head
@@ -230,13 +240,19 @@ class AdaFlashBatchGenerator:
 
     def _loop(self, run: BatchRun, cap: int, continuous: bool) -> None:
         waiting = deque(range(len(run.prompts)))
-        start = time.perf_counter()
+        arrivals = run.stats.arrivals
+        run.start = start = self._clock()
         batch = None
         try:
             while waiting or (batch is not None and batch.size):
                 size = 0 if batch is None else batch.size
-                if waiting and size < cap and (size == 0 or continuous):
-                    take = [waiting.popleft() for _ in range(min(cap - size, len(waiting)))]
+                if size == 0 and waiting:  # nothing to decode: wait for the next request
+                    time.sleep(max(0.0, arrivals[waiting[0]] - (time.perf_counter() - start)))
+                elapsed = time.perf_counter() - start
+                if waiting and size < cap and (size == 0 or continuous) and arrivals[waiting[0]] <= elapsed:
+                    take = []
+                    while waiting and len(take) < cap - size and arrivals[waiting[0]] <= elapsed:
+                        take.append(waiting.popleft())
                     new = self._prefill(run, take)
                     run.stats.prefill_joins += int(size > 0 and new.size > 0)
                     batch = new if batch is None else batch.merge(new)
@@ -276,7 +292,12 @@ class AdaFlashBatchGenerator:
                 batch.start_window(self.online.config.context_window, ctx.shape[-1], ctx.dtype, ctx.device)
             batch.add_context(ctx, mask, pos)
         run.stats.prefill_forwards += 1
-        run.stats.seconds["prefill"] += self._clock() - start
+        end = self._clock()
+        run.stats.seconds["prefill"] += end - start
+        run.now = end - run.start
+        if run.lookup is not None:
+            run.lookup.append(torch.tensor(prompt_idx, device=self.device), first[:, None],
+                              torch.ones(b, dtype=torch.long, device=self.device))
         for r, token in enumerate(first.tolist()):
             self._commit(run, prompt_idx[r], [token])
         self._retire(run, batch, compact=False)
@@ -295,8 +316,9 @@ class AdaFlashBatchGenerator:
             proposals = self._draft(run, batch, budgets, lookups)
         elif arm == "lookup":
             run.stats.lookup_rounds += 1
-            drafts, lengths = pad_proposals(lookups, self.device)
-            proposals = Proposals(arm, drafts, lengths, ["lookup" if p else "none" for p in lookups])
+            drafts, lengths = lookups
+            width = int(lengths.max())
+            proposals = Proposals(arm, drafts[:, :width], lengths, ["lookup" if n else "none" for n in lengths.tolist()])
         else:
             run.stats.plain_rounds += 1
             proposals = Proposals(arm, torch.zeros(batch.size, 0, dtype=torch.long, device=self.device),
@@ -308,23 +330,24 @@ class AdaFlashBatchGenerator:
         t3 = self._clock()
         run.stats.seconds["verify"] += t3 - t2
         accepted, next_tok = self._accept(run, out.logits, proposals)
+        run.now = self._clock() - run.start  # the round's tokens are available from here on
         self._advance(run, batch, out, proposals, accepted, next_tok)
         run.stats.seconds["accept"] += self._clock() - t3
 
-    def _choose_arm(self, run: BatchRun, batch: BatchState, budgets: list[int]) -> tuple[str, list[list[int]]]:
-        """Each row's lookup continuation and the round's arm (`"draft"`, `"lookup"` or `"plain"`)."""
-        b = batch.size
+    def _choose_arm(self, run: BatchRun, batch: BatchState, budgets: list[int]):
+        """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation
+        (`(proposals [b, k], lengths [b])`, or None without hybrid lookup)."""
         if self.drafter is None or max(budgets) <= 0:
-            return "plain", [[] for _ in range(b)]
-        lookups = [[] for _ in range(b)]
+            return "plain", None
+        lookups, lookup_lens = None, [0] * batch.size
         if run.lookup is not None:
-            lookups = run.lookup.propose([run.prompts[i] + run.outputs[i] for i in batch.prompt_idx], budgets)
+            lookups = run.lookup.propose(batch.prompt_tensor, torch.tensor(budgets, device=self.device))
+            lookup_lens = lookups[1].tolist()
         policy = self.runtime.policy_for(self.knobs)
-        arm = policy.choose(batch.prompt_idx, [len(p) for p in lookups], budgets, run.cost,
-                            allow_no_draft=self.knobs.allow_no_draft)
+        arm = policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost, allow_no_draft=self.knobs.allow_no_draft)
         return arm, lookups
 
-    def _draft(self, run: BatchRun, batch: BatchState, budgets: list[int], lookups: list[list[int]]) -> Proposals:
+    def _draft(self, run: BatchRun, batch: BatchState, budgets: list[int], lookups) -> Proposals:
         """One drafter forward, verify lengths, drafted tokens; rows that prefer their lookup continuation swap it in."""
         budget = torch.tensor(budgets, device=self.device)
         noise = self._drafter_forward(batch)
@@ -340,19 +363,19 @@ class AdaFlashBatchGenerator:
         drafts, q = drafts[:, :m], (None if q is None else q[:, :m])
         sources = ["drafter" if n else "none" for n in lengths.tolist()]
         one_hot = None
-        if run.lookup is not None and m > 0 and any(lookups):
+        if lookups is not None and m > 0 and int(lookups[1].max()) > 0:
             policy = self.runtime.policy_for(self.knobs)
-            swap = [policy.row_source(i, min(len(p), m), n) == "lookup"
-                    for i, p, n in zip(batch.prompt_idx, lookups, lengths.tolist())]
+            cut = lookups[1].clamp(max=m)
+            swap = [policy.row_source(i, k, n) == "lookup"
+                    for i, k, n in zip(batch.prompt_idx, cut.tolist(), lengths.tolist())]
             if any(swap):
-                drafts, lens = drafts.clone(), lengths.tolist()
-                for r, (use, proposal) in enumerate(zip(swap, lookups)):
-                    if use:
-                        k = min(len(proposal), m)
-                        drafts[r, :k] = torch.tensor(proposal[:k], dtype=drafts.dtype, device=drafts.device)
-                        lens[r], sources[r] = k, "lookup"
-                lengths = torch.tensor(lens, dtype=torch.long, device=self.device)
                 one_hot = torch.tensor(swap, dtype=torch.bool, device=self.device)
+                props = lookups[0][:, :m]
+                if props.shape[1] < m:
+                    props = torch.nn.functional.pad(props, (0, m - props.shape[1]))
+                drafts = torch.where(one_hot[:, None], props, drafts)
+                lengths = torch.where(one_hot, cut, lengths)
+                sources = ["lookup" if use else s for use, s in zip(swap, sources)]
         return Proposals("draft", drafts, lengths, sources, q, one_hot, noise[0])
 
     def _drafter_forward(self, batch: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -435,6 +458,9 @@ class AdaFlashBatchGenerator:
             keep = int(accepted.max()) + 1
             ctx_mask = (j[None, :keep] <= accepted[:, None]).to(batch.drafter.mask.device)
             batch.add_context(self._context(out.hidden_states)[:, :keep], ctx_mask, out.position_ids[:, :keep])
+        if run.lookup is not None:  # the rows' texts grow by their committed tokens
+            new = torch.cat([proposals.drafts, next_tok[:, None]], dim=1).scatter(1, accepted[:, None], next_tok[:, None])
+            run.lookup.append(batch.prompt_tensor, new, accepted + 1)
         batch.next_pos = batch.next_pos + accepted + 1
         batch.last_tok = next_tok
         stats = run.stats
@@ -472,6 +498,7 @@ class AdaFlashBatchGenerator:
         out = run.outputs[i]
         out.extend(tokens)
         run.stats.committed[i].append(len(tokens))
+        run.stats.token_times[i].extend([run.now] * len(tokens))
         if len(out) >= run.max_new:
             run.done[i] = True
         return len(tokens)
@@ -524,7 +551,8 @@ def run_knobs(drafter, generation_config=None, fixed_length: int | None = None, 
 def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
                    temperature: float = 1.0, generation_config=None, runtime: SpeculationRuntime | None = None,
                    fixed_length: int | None = None, max_batch_size: int | None = None, continuous: bool = False,
-                   attention_mask=None, generator: torch.Generator | None = None, return_stats: bool = False):
+                   attention_mask=None, generator: torch.Generator | None = None, arrivals=None,
+                   return_stats: bool = False):
     """Batched speculative decoding: the new tokens of each prompt, in input order (`list[list[int]]`).
 
     `prompts`: `list[list[int]]`, or `input_ids [b, T]` with `attention_mask`. `generation_config` overrides the
@@ -538,7 +566,8 @@ def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=N
     runner = AdaFlashBatchGenerator(target, drafter, generation_config=knobs, runtime=runtime)
     return runner.generate(prompts, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                            temperature=temperature, max_batch_size=max_batch_size, continuous=continuous,
-                           attention_mask=attention_mask, generator=generator, return_stats=return_stats)
+                           attention_mask=attention_mask, generator=generator, arrivals=arrivals,
+                           return_stats=return_stats)
 
 
 def batched_generate(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, drafter=None,

@@ -38,6 +38,11 @@ class BatchState:
     def size(self) -> int:
         return len(self.prompt_idx)
 
+    @property
+    def prompt_tensor(self) -> torch.Tensor:
+        """`prompt_idx` as a `[b]` long tensor on the rows' device."""
+        return torch.tensor(self.prompt_idx, dtype=torch.long, device=self.last_tok.device)
+
     def start_window(self, width: int, features: int, dtype, device) -> None:
         """Keep a rolling window of the last `width` context states per row (OnlineSpec), empty for now."""
         b = self.size

@@ -48,10 +48,12 @@ class SpeculationStats:
 class BatchStats:
     """Statistics of one batched run. Per-prompt lists (`verified`, `accepted`, `committed`) are in input order.
 
-    `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards + draft logits),
-    `length` (length head + cost model), `verify` (target verification forwards, plain rounds included), `accept`
-    (acceptance and bookkeeping, incl. cache compaction), `lookup` (n-gram lookup of the hybrid proposals), `online`
-    (OnlineSpec updates) and `total`.
+    `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards, draft logits and
+    the length choice), `verify` (target verification forwards, plain rounds included), `accept` (acceptance and
+    bookkeeping, incl. cache compaction), `lookup` (n-gram lookup of the hybrid proposals and the policy's choice),
+    `online` (OnlineSpec updates) and `total`.
+    `arrivals[i]` / `token_times[i]`: when prompt i arrived and when each of its tokens was committed (seconds from
+    the start of the run; the tokens of one round share its time), for serving metrics (TTFT, inter-token latency).
     `sources` (per prompt, per round): what the row verified, `"drafter"`, `"lookup"` or `"none"`.
     Every round is a speculative round (`drafter_forwards`), a `lookup_rounds` or a `plain_rounds` one.
     """
@@ -70,12 +72,19 @@ class BatchStats:
     plain_rounds: int = 0  # rounds without a drafter forward (the switch chose plain decoding, or no budget left)
     lookup_rounds: int = 0  # rounds without a drafter forward that verified n-gram lookup proposals (hybrid)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("prefill", "draft", "length", "verify", "accept", "lookup", "online", "total"), 0.0))
+        ("prefill", "draft", "verify", "accept", "lookup", "online", "total"), 0.0))
+    arrivals: list[float] = field(default_factory=list)
+    token_times: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def for_prompts(cls, n: int) -> "BatchStats":
         return cls(verified=[[] for _ in range(n)], accepted=[[] for _ in range(n)], committed=[[] for _ in range(n)],
-                   sources=[[] for _ in range(n)])
+                   sources=[[] for _ in range(n)], arrivals=[0.0] * n, token_times=[[] for _ in range(n)])
+
+    @property
+    def ms_per_round(self) -> dict[str, float]:
+        """Milliseconds per decoding round (prefill excluded) spent drafting, verifying, on bookkeeping, ..."""
+        return {k: 1e3 * v / max(self.rounds, 1) for k, v in self.seconds.items() if k not in ("prefill", "total")}
 
     @property
     def tokens_verified(self) -> int:

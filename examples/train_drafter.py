@@ -3,11 +3,22 @@
     python examples/train_drafter.py --output_dir outputs/drafter                      # testbed, defaults
     python examples/train_drafter.py --prompts_per_domain 200 --max_steps 500 ...      # smaller run
     accelerate launch examples/train_drafter.py --output_dir outputs/drafter           # several GPUs
+    python examples/train_drafter.py --label_store --corpus_ratio 1 --max_steps 10000 \
+        --eval_strategy steps --eval_steps 250 --save_steps 500 --save_total_limit 2 \
+        --resume_from_checkpoint last --output_dir outputs/drafter_store               # from the label store
 
 Steps: (1) the target answers the training prompts of all domains (cached), (2) one teacher-forced pass records
 its hidden states at the drafter's target layers and its greedy labels (cached `datasets` dataset), (3)
 `DrafterTrainer` trains with a held-out validation split, evaluates `tau_proxy` (teacher-forced acceptance) and
 stops early when it stops improving; the best drafter is saved to `output_dir/final` with `auto_map`.
+
+With `--label_store` the data come from the target-label store instead (`examples/label_data.py`: target
+responses, plus corpus chunks at `--corpus_ratio` x the response tokens); validation is a fixed held-out slice of
+the store's responses that no run ever trains on (`adaflash_hf/training/store_data.py`), and the draft vocabulary
+is counted on the training responses only. Every evaluation is appended to `output_dir/eval_curve.json` and the
+best drafter so far is kept in `output_dir/best`. `--resume_from_checkpoint last` resumes from the newest
+checkpoint of `output_dir` (or starts when there is none): the same command starts and resumes a run.
+`--max_cpu_seconds` stops after that much training CPU time (to compare shapes under the same compute).
 """
 
 import json
@@ -22,7 +33,9 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
+from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, resolve_checkpoint
 from adaflash_hf.training.data import frequent_tokens, script_training_dataset
+from adaflash_hf.training.store_data import numpy_rows, store_training_data
 
 
 @dataclass
@@ -42,18 +55,34 @@ class ScriptArguments:
         "help": "draft only the K most frequent response tokens (cheaper drafting and training); 0: full vocab"})
     max_train_sequences: int | None = field(default=None, metadata={"help": "use at most this many (data curve)"})
     early_stopping_patience: int = field(default=4, metadata={"help": "evaluations without improvement"})
+    init_from_target: bool = field(default=True, metadata={
+        "help": "initialise the drafter layers from the target's top layers (false: random init)"})
+    label_store: bool = field(default=False, metadata={
+        "help": "train on the target-label store (examples/label_data.py) instead of --train_prompts"})
+    corpus_ratio: float = field(default=1.0, metadata={"help": "label store: corpus tokens per response token"})
+    max_responses_per_domain: int | None = field(default=None, metadata={
+        "help": "label store: the first N responses of each domain (default: all)"})
+    max_corpus_tokens: int | None = field(default=None, metadata={"help": "label store: cap on corpus tokens"})
+    holdout_permille: int = field(default=50, metadata={
+        "help": "label store: entries held out of training (by key hash, per 1000)"})
+    val_per_domain: int = field(default=32, metadata={"help": "label store: held-out responses per domain to eval"})
+    label_dtype: str = field(default="float32", metadata={
+        "help": "label store: dtype of the corpus labels and hidden states (the target is loaded in it)"})
+    max_cpu_seconds: float | None = field(default=None, metadata={
+        "help": "stop after this much CPU time in training steps (same-compute comparisons)"})
 
 
 def main():
     parser = HfArgumentParser((ScriptArguments, DrafterTrainingConfig))
     script, config = parser.parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    dtype = getattr(torch, script.label_dtype) if script.label_store else torch.float32
 
     if script.target is None:
-        target, tokenizer = load_testbed(dtype=torch.float32)
+        target, tokenizer = load_testbed(dtype=dtype)
         target_name = "testbed:SmolLM2-135M-Instruct"
     else:
-        target = AutoModelForCausalLM.from_pretrained(script.target, dtype=torch.float32).eval()
+        target = AutoModelForCausalLM.from_pretrained(script.target, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(script.target)
         target_name = script.target
     target.requires_grad_(False)
@@ -63,45 +92,76 @@ def main():
         drafter.check_compatible(target, tokenizer)
     else:
         drafter = AdaFlashDrafterModel.from_target(target, num_layers=script.num_layers, block_size=script.block_size,
-                                                   num_context_layers=script.num_context_layers, tokenizer=tokenizer)
+                                                   num_context_layers=script.num_context_layers, tokenizer=tokenizer,
+                                                   init_from_target=script.init_from_target)
     drafter.config._attn_implementation = "sdpa"
 
-    dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids, target_path=script.target,
-                                      train_prompts=script.train_prompts,
-                                      prompts_per_domain=script.prompts_per_domain,
-                                      max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
-                                      gen_dtype=script.gen_dtype)
-    split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
-    if script.max_train_sequences:
-        split["train"] = split["train"].select(range(min(script.max_train_sequences, len(split["train"]))))
+    data_info = {}
+    if script.label_store:
+        data = store_training_data(
+            target, target_name, drafter.config.target_layer_ids, response_dtype=getattr(torch, script.gen_dtype),
+            corpus_ratio=script.corpus_ratio, max_responses_per_domain=script.max_responses_per_domain,
+            max_corpus_tokens=script.max_corpus_tokens, holdout_permille=script.holdout_permille,
+            val_per_domain=script.val_per_domain, progress=not config.disable_tqdm)
+        train, val, data_info = data.train, data.val, data.info
+        vocab_source = data.draft_vocab
+    else:
+        dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
+                                          target_path=script.target, train_prompts=script.train_prompts,
+                                          prompts_per_domain=script.prompts_per_domain,
+                                          max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+                                          gen_dtype=script.gen_dtype)
+        split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
+        train, val = split["train"], split["test"]
+        if script.max_train_sequences:
+            train = train.select(range(min(script.max_train_sequences, len(train))))
+
+        def vocab_source(k, always):
+            return frequent_tokens(train, k, always=always)
+
+    output_dir = Path(config.output_dir)
     if script.draft_vocab_size and drafter.config.draft_vocab_size is None:
-        eos = [t for t in [tokenizer.eos_token_id] if t is not None]
-        vocab, coverage = frequent_tokens(split["train"], script.draft_vocab_size, always=eos)
+        vocab_file = output_dir / "draft_vocab.json"
+        if vocab_file.is_file():  # a resumed run keeps the vocabulary its checkpoints were trained with
+            stored = json.loads(vocab_file.read_text())
+            vocab, coverage = torch.tensor(stored["token_ids"]), stored["coverage"]
+        else:
+            eos = [t for t in [tokenizer.eos_token_id] if t is not None]
+            vocab, coverage = vocab_source(script.draft_vocab_size, eos)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            vocab_file.write_text(json.dumps({"coverage": coverage, "token_ids": vocab.tolist()}))
         drafter.set_draft_vocab(vocab)
         logging.info("draft vocabulary: %d tokens covering %.2f%% of training response tokens",
                      len(vocab), 100 * coverage)
-    n_tokens = sum(len(x) for x in split["train"]["input_ids"])
-    logging.info("training data: %d sequences (%d tokens), validation: %d sequences",
-                 len(split["train"]), n_tokens, len(split["test"]))
+    n_tokens = data_info.get("train_tokens") or sum(len(x) for x in train["input_ids"])
+    logging.info("training data: %d sequences (%d tokens), validation: %d sequences", len(train), n_tokens, len(val))
+    domains = sorted(set(val["domain"])) if len(val) else None
 
+    budget = ComputeBudgetCallback(script.max_cpu_seconds)
+    shape = {"num_layers": drafter.config.num_hidden_layers, "block_size": drafter.config.block_size,
+             "init_from_target": script.init_from_target, "train_sequences": len(train), "train_tokens": n_tokens}
+    callbacks = [budget, EvalCurveCallback(output_dir, tokenizer=tokenizer, budget=budget, extra=shape)]
+    if config.load_best_model_at_end:
+        # Early stopping needs a tracked best metric: `--load_best_model_at_end true --metric_for_best_model tau_proxy`.
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience))
     trainer = DrafterTrainer(
         drafter, config, target.get_input_embeddings(), target.get_output_embeddings(),
-        train_dataset=split["train"], eval_dataset=split["test"],
-        # Early stopping needs a tracked best metric: `--load_best_model_at_end true --metric_for_best_model tau_proxy`.
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience)]
-        if config.load_best_model_at_end else None,
+        train_dataset=numpy_rows(train), eval_dataset=numpy_rows(val), callbacks=callbacks, eval_domains=domains,
     )
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    resume = resolve_checkpoint(config.resume_from_checkpoint, output_dir)
+    if resume:
+        logging.info("resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
-    final = Path(config.output_dir) / "final"
+    final = output_dir / "final"
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps({
-        "target": target_name, "train_sequences": len(split["train"]), "train_tokens": n_tokens,
-        "val_sequences": len(split["test"]), "eval": metrics, "script": vars(script),
-        "steps": trainer.state.global_step,
+        "target": target_name, "train_sequences": len(train), "train_tokens": n_tokens,
+        "val_sequences": len(val), "eval": metrics, "script": vars(script),
+        "steps": trainer.state.global_step, "compute": budget.summary(), "data": data_info,
     }, indent=2, default=str))
-    logging.info("saved %s (eval %s)", final, metrics)
+    logging.info("saved %s (eval %s; %s)", final, metrics, budget.summary())
 
 
 if __name__ == "__main__":

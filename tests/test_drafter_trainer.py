@@ -87,3 +87,116 @@ def test_draft_vocabulary_training(recorded, tmp_path):
     trainer.train()
     after = trainer.evaluate()
     assert after["eval_loss"] < before["eval_loss"]
+
+
+# ------------------------------------------------------------------------------------------ training from the label store
+def _tiny_store(root, n_prompts=24, n_chunks=6):
+    from adaflash_hf.training.label_store import LabelStore
+
+    from .conftest import VOCAB, make_tiny_target
+    from .test_label_store import FakeTokenizer, prompts, random_chunks
+
+    target = make_tiny_target()
+    responses = LabelStore.open("tiny", torch.bfloat16, vocab_size=VOCAB, root=root)
+    corpus = LabelStore.open("tiny", torch.float32, vocab_size=VOCAB, root=root)
+    responses.add_responses(target, FakeTokenizer(), prompts(n_prompts), max_new_tokens=12, progress=False)
+    corpus.add_corpus(target, random_chunks(n_chunks), progress=False)
+    return target, responses, corpus
+
+
+def test_store_holdout_is_fixed_and_never_trained_on(tmp_path):
+    from collections import Counter
+
+    from adaflash_hf.training.label_store import select_entries
+    from adaflash_hf.training.store_data import is_held_out, split_holdout
+
+    from .test_label_store import FakeTokenizer, prompts
+
+    target, responses, corpus = _tiny_store(tmp_path)
+    selection = select_entries(responses, corpus, corpus_ratio=0.5)
+    train, val = split_holdout(selection, holdout_permille=300, val_per_domain=2)
+    held = {e["key"] for *_, e in selection if is_held_out(e, 300)}
+    assert held and len(train) == len(selection) - len(held)
+    assert not {e["key"] for *_, e in train} & held
+    assert {e["key"] for *_, e in val} <= held and all(kind == "responses" for _, kind, _ in val)
+    assert Counter(e["domain"] for *_, e in val) == {"code": 2, "chat": 2}
+    # The store grows: the validation set stays the same, and nothing held out is ever trained on.
+    responses.add_responses(target, FakeTokenizer(), prompts(16, start=24), max_new_tokens=12, progress=False)
+    bigger = select_entries(responses, corpus, corpus_ratio=0.5)
+    train2, val2 = split_holdout(bigger, holdout_permille=300, val_per_domain=2)
+    assert len(bigger) > len(selection) and len(train2) > len(train)
+    assert [e["key"] for *_, e in val2] == [e["key"] for *_, e in val]
+    assert not {e["key"] for *_, e in train2} & {e["key"] for *_, e in bigger if is_held_out(e, 300)}
+
+
+def test_store_training_data_and_a_response_only_draft_vocabulary(tmp_path):
+    from adaflash_hf.training.data import frequent_tokens
+    from adaflash_hf.training.store_data import response_tokens, store_training_data
+
+    target, *_ = _tiny_store(tmp_path)
+    data = store_training_data(target, "tiny", [0, 2], corpus_ratio=1.0, holdout_permille=300, val_per_domain=2,
+                               root=tmp_path, progress=False)
+    assert len(data.train) == len(data.train_selection) and len(data.val) == len(data.val_selection) == 4
+    assert {row["domain"] for row in data.val} == {"code", "chat"}
+    kinds = {kind for _, kind, _ in data.train_selection}
+    assert kinds == {"responses", "corpus"} and data.info["train"]["corpus"]
+    assert data.info["train_tokens"] == sum(len(row["input_ids"]) for row in data.train)
+    vocab, coverage = data.draft_vocab(8)
+    tokens = response_tokens(data.train_selection)
+    assert torch.equal(vocab, frequent_tokens(tokens, 8)[0]) and 0 < coverage <= 1
+    seen = {int(t) for ids, start in zip(tokens["input_ids"], tokens["prompt_len"]) for t in ids[start:]}
+    assert set(vocab.tolist()) <= seen  # corpus text does not enter the draft vocabulary
+    with pytest.raises(FileNotFoundError, match="label_data"):
+        store_training_data(target, "no-such-target", [0, 2], root=tmp_path, progress=False)
+
+
+def test_eval_reports_tau_proxy_per_domain(recorded, tmp_path):
+    target, dataset = recorded
+    two = dataset.map(lambda row, i: {"domain": "ab"[i % 2]}, with_indices=True)
+    trainer = _trainer(target, two, tmp_path, max_steps=10)
+    trainer.eval_dataset = two.select(range(8)).with_format("numpy")
+    trainer.eval_domains = trainer.eval_collator.domains = ["a", "b"]
+    trainer.train()
+    metrics = trainer.evaluate()
+    a, b = metrics["eval_tau_proxy_a"], metrics["eval_tau_proxy_b"]
+    assert min(a, b) <= metrics["eval_tau_proxy"] <= max(a, b) and a >= 1 and b >= 1
+
+
+def test_eval_curve_best_drafter_budget_and_resume(recorded, tmp_path):
+    from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, resolve_checkpoint
+
+    target, dataset = recorded
+    assert resolve_checkpoint("last", tmp_path / "nothing") is None and resolve_checkpoint(None, tmp_path) is None
+    budget = ComputeBudgetCallback()
+    curve = EvalCurveCallback(tmp_path, budget=budget, extra={"shape": "1L/b4"})
+    trainer = _trainer(target, dataset, tmp_path, max_steps=20, eval_strategy="steps", eval_steps=5,
+                       save_strategy="steps", save_steps=10)
+    for callback in (budget, curve):
+        trainer.add_callback(callback)
+    trainer.train()
+    stored = json.loads((tmp_path / "eval_curve.json").read_text())
+    assert [p["step"] for p in stored["points"]] == [5, 10, 15, 20]
+    assert all("eval_tau_proxy" in p and p["train_cpu_seconds"] > 0 for p in stored["points"])
+    assert [p["step"] for p in stored["points"] if "train_loss" in p] == [10, 20]  # logged every 10 steps
+    assert stored["best"]["eval_tau_proxy"] == max(p["eval_tau_proxy"] for p in stored["points"])
+    best = json.loads((tmp_path / "best" / "best_metrics.json").read_text())
+    assert best["eval_tau_proxy"] == stored["best"]["eval_tau_proxy"]
+    assert AdaFlashDrafterModel.from_pretrained(tmp_path / "best").config.block_size == 4
+    assert budget.steps == 20 and budget.seconds_per_step() > 0
+    assert resolve_checkpoint("last", tmp_path).endswith("checkpoint-20")
+
+    # Resumed from step 10: the points past it are dropped, then evaluated again.
+    resumed = _trainer(target, dataset, tmp_path, max_steps=20, eval_strategy="steps", eval_steps=5,
+                       save_strategy="no")
+    resumed.add_callback(EvalCurveCallback(tmp_path))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-10"))
+    stored = json.loads((tmp_path / "eval_curve.json").read_text())
+    assert [p["step"] for p in stored["points"]] == [5, 10, 15, 20]
+    assert [r["from_step"] for r in stored["runs"]] == [0, 10]
+
+    # A CPU budget stops training early.
+    stopper = ComputeBudgetCallback(max_cpu_seconds=1e-9)
+    short = _trainer(target, dataset, tmp_path / "short", max_steps=20)
+    short.add_callback(stopper)
+    short.train()
+    assert short.state.global_step == 1 and stopper.steps == 1

@@ -25,12 +25,14 @@ EXAMPLES = sorted(p.name for p in (REPO_ROOT / "examples").glob("*.py") if not p
 # print a usage line with at least one option.
 MAIN_ARGUMENTS = {
     "data_curve.py": ["--sizes", "--max_steps", "--output_dir"],
+    "drafter_shapes.py": ["--shapes", "--cpu_minutes", "--output_dir", "--json"],
     "label_data.py": ["--responses_per_domain", "--corpus_tokens", "--threads", "--max_new_tokens"],
     "online_adapter.py": ["--algorithm", "--learning_rate", "--resume", "--output_dir", "--prompts"],
     "generate.py": ["--drafter", "--max-new-tokens", "--num-prompts", "--dtype"],
     "push_to_hub.py": ["--drafter", "--repo-id", "--bench-json", "--length-head", "--adapters", "--dry-run"],
     "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
-                         "--num_layers", "--init_drafter", "--resume_from_checkpoint"],
+                         "--num_layers", "--init_drafter", "--resume_from_checkpoint", "--label_store",
+                         "--corpus_ratio", "--max_cpu_seconds", "--init_from_target"],
     "train_length_head.py": ["--drafter", "--target", "--train_prompts", "--output_dir", "--num_sequences",
                              "--max_steps"],
     "train_opd.py": ["--init_drafter", "--target", "--train_prompts", "--output_dir", "--lmbda", "--temperature",
@@ -222,3 +224,51 @@ def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run):
     resumed = _run(_accelerate("online_adapter.py", *common, "--max_prompts", "1", "--resume", str(out / "adapter")),
                    timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+
+
+def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path):
+    """`train_drafter.py --label_store` on a tiny store: held-out eval curve, best drafter, and the same command
+    with more steps resumes from the last checkpoint with the same draft vocabulary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaflash_hf import AdaFlashDrafterModel
+    from adaflash_hf.training.label_store import LabelStore
+
+    from .test_label_store import random_chunks
+
+    target_dir, cache = save_tiny_target(tmp_path / "target"), tmp_path / "cache"
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    records = [{"prompt": f"tiny prompt {i}: say something about {d}", "domain": d, "source": "fake", "id": str(i)}
+               for i, d in enumerate(["chat", "code"] * 12)]
+    responses = LabelStore.open(str(target_dir), torch.bfloat16, vocab_size=VOCAB, root=cache / "labels")
+    responses.add_responses(target, tokenizer, records, max_new_tokens=16, progress=False)
+    corpus = LabelStore.open(str(target_dir), torch.float32, vocab_size=VOCAB, root=cache / "labels")
+    corpus.add_corpus(target, random_chunks(6), progress=False)
+
+    out = tmp_path / "drafter"
+    command = [sys.executable, str(REPO_ROOT / "examples" / "train_drafter.py"), "--target", str(target_dir),
+               "--label_store", "--corpus_ratio", "0.5", "--holdout_permille", "300", "--val_per_domain", "2",
+               "--output_dir", str(out), "--num_layers", "1", "--block_size", "4", "--num_context_layers", "2",
+               "--num_anchors", "4", "--per_device_train_batch_size", "2", "--draft_vocab_size", "16",
+               "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
+               "--save_total_limit", "2", "--resume_from_checkpoint", "last", "--disable_tqdm", "true"]
+    first = _run([*command, "--max_steps", "4"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
+    assert first.returncode == 0, first.stderr[-4000:]
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["val_sequences"] == 4
+    assert set(summary["data"]["train"]) == {"responses", "corpus"} and set(summary["data"]["val"]) == {"responses"}
+    assert {"eval_tau_proxy_chat", "eval_tau_proxy_code"} <= set(summary["eval"])
+    vocab = json.loads((out / "draft_vocab.json").read_text())
+    assert len(vocab["token_ids"]) == 16
+    assert AdaFlashDrafterModel.from_pretrained(out / "best").config.draft_vocab_size == 16
+
+    second = _run([*command, "--max_steps", "6"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resuming from" in second.stderr and "checkpoint-4" in second.stderr
+    curve = json.loads((out / "eval_curve.json").read_text())
+    assert [p["step"] for p in curve["points"]] == [2, 4, 6]
+    assert [r["from_step"] for r in curve["runs"]] == [0, 4]
+    assert json.loads((out / "final" / "training_summary.json").read_text())["steps"] == 6
+    assert json.loads((out / "draft_vocab.json").read_text()) == vocab
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]

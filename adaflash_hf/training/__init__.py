@@ -1,21 +1,26 @@
 """Training: offline DFlash-recipe drafter training (and, later, OPD and the length head)."""
 
 from .blocks import block_attention_mask, block_labels, draft_blocks, position_weights, sample_anchors
+from .callbacks import ComputeBudgetCallback, EvalCurveCallback
 from .data import build_training_dataset, generate_responses, record_targets
 from .drafter_config import DrafterTrainingConfig
 from .drafter_trainer import DrafterDataCollator, DrafterTrainer
 from .label_store import LabelStore, build_label_dataset, select_entries
 from .opd_config import OPDConfig
 from .opd_trainer import OPDTrainer, reverse_kl_per_token
+from .store_data import StoreTrainingData, split_holdout, store_training_data
 
 
 __all__ = [
+    "ComputeBudgetCallback",
     "DrafterDataCollator",
     "DrafterTrainer",
     "DrafterTrainingConfig",
+    "EvalCurveCallback",
     "LabelStore",
     "OPDConfig",
     "OPDTrainer",
+    "StoreTrainingData",
     "block_attention_mask",
     "block_labels",
     "build_label_dataset",
@@ -27,4 +32,6 @@ __all__ = [
     "reverse_kl_per_token",
     "sample_anchors",
     "select_entries",
+    "split_holdout",
+    "store_training_data",
 ]

@@ -29,12 +29,15 @@ class DrafterDataCollator:
     """Pads recorded sequences and samples anchors/labels (see `blocks.py`).
 
     Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]`,
-    `label_mask [b, n, B-1]`, `seq_lens [b]` and `anchor_valid [b, n]`.
+    `label_mask [b, n, B-1]`, `seq_lens [b]` and `anchor_valid [b, n]`; with `domains` (a list of names) also
+    `domain_index [b]` (the row's `domain` in that list, -1 if absent), for per-domain evaluation.
     """
 
-    def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None):
+    def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None,
+                 domains: list[str] | None = None):
         self.block_size, self.num_anchors, self.max_length = block_size, num_anchors, max_length
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.domains = list(domains) if domains else None
 
     def reset(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
@@ -54,8 +57,12 @@ class DrafterDataCollator:
         starts = torch.tensor([max(int(f["prompt_len"]) - 1, 0) for f in features])
         anchors, anchor_valid = sample_anchors(lens, starts, self.num_anchors, self.block_size, self.generator)
         labels, label_mask = block_labels(input_ids, argmax, lens, anchors, anchor_valid, self.block_size)
-        return {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
-                "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
+        batch = {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
+                 "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
+        if self.domains is not None:
+            index = {name: i for i, name in enumerate(self.domains)}
+            batch["domain_index"] = torch.tensor([index.get(str(f.get("domain")), -1) for f in features])
+        return batch
 
 
 def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights):
@@ -102,17 +109,20 @@ class DrafterTrainer(Trainer):
         target_embeddings / target_lm_head: the target's input embedding and LM head (frozen; not saved).
         train_dataset / eval_dataset: recorded datasets (columns `input_ids`, `prompt_len`, `target_argmax`,
             `hidden_states`).
+        eval_domains: domain names; evaluation then also reports `tau_proxy_<domain>` for each (from the eval
+            rows' `domain` column).
     """
 
     def __init__(self, model, args: DrafterTrainingConfig, target_embeddings, target_lm_head, train_dataset=None,
-                 eval_dataset=None, callbacks=None, **kwargs):
+                 eval_dataset=None, callbacks=None, eval_domains: list[str] | None = None, **kwargs):
         for module in (target_embeddings, target_lm_head):
             module.requires_grad_(False)
         self.target_embeddings, self.target_lm_head = target_embeddings, target_lm_head
         self.position_weights = position_weights(model.config.block_size, args.loss_decay_gamma)
+        self.eval_domains = list(eval_domains) if eval_domains else None
         collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length, seed=args.seed)
         self.eval_collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length,
-                                                 seed=args.eval_seed)
+                                                 seed=args.eval_seed, domains=self.eval_domains)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          data_collator=collator, compute_metrics=self._acceptance_metrics, callbacks=callbacks,
                          **kwargs)
@@ -151,13 +161,23 @@ class DrafterTrainer(Trainer):
         predictions[rows] = predicted
         accepted = accepted_lengths(predictions, inputs["labels"], inputs["label_mask"]).flatten()
         usable = inputs["label_mask"][..., 0].flatten()  # blocks whose first position is labelled
-        return loss.detach(), accepted[usable].float(), torch.ones_like(accepted[usable]).float()
+        if "domain_index" in inputs:  # the "labels" of each block: its row's domain
+            tags = inputs["domain_index"][:, None].expand_as(inputs["label_mask"][..., 0]).flatten()
+        else:
+            tags = torch.zeros_like(accepted)
+        return loss.detach(), accepted[usable].float(), tags[usable].float()
 
-    @staticmethod
-    def _acceptance_metrics(prediction: EvalPrediction) -> dict[str, float]:
+    def _acceptance_metrics(self, prediction: EvalPrediction) -> dict[str, float]:
         accepted = np.asarray(prediction.predictions, dtype=np.float64).reshape(-1)
-        accepted = accepted[accepted >= 0]
-        return {"tau_proxy": float(accepted.mean() + 1.0) if accepted.size else 0.0}
+        tags = np.asarray(prediction.label_ids, dtype=np.float64).reshape(-1)
+        keep = accepted >= 0  # padding of uneven batches is -100
+        accepted, tags = accepted[keep], tags[keep]
+        metrics = {"tau_proxy": float(accepted.mean() + 1.0) if accepted.size else 0.0}
+        for i, name in enumerate(self.eval_domains or []):
+            mine = accepted[tags == i]
+            if mine.size:
+                metrics[f"tau_proxy_{name}"] = float(mine.mean() + 1.0)
+        return metrics
 
 
 __all__ = ["DrafterDataCollator", "DrafterTrainer", "accepted_lengths", "block_cross_entropy"]

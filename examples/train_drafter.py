@@ -152,7 +152,12 @@ def main():
     if resume:
         logging.info("resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
-    metrics = trainer.evaluate()
+    evals = [h for h in trainer.state.log_history if "eval_tau_proxy" in h]
+    if evals and evals[-1].get("step") == trainer.state.global_step and not config.load_best_model_at_end:
+        # evaluated at the last step already
+        metrics = {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
+    else:
+        metrics = trainer.evaluate()
     final = output_dir / "final"
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)

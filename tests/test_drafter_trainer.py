@@ -127,6 +127,12 @@ def test_store_holdout_is_fixed_and_never_trained_on(tmp_path):
     assert len(bigger) > len(selection) and len(train2) > len(train)
     assert [e["key"] for *_, e in val2] == [e["key"] for *_, e in val]
     assert not {e["key"] for *_, e in train2} & {e["key"] for *_, e in bigger if is_held_out(e, 300)}
+    # Caps on the training data do not move the validation set when it is drawn from the whole store.
+    capped = select_entries(responses, corpus, corpus_ratio=0.5, max_responses_per_domain=3)
+    everything = [(responses, "responses", e) for e in responses.entries("responses")]
+    train3, val3 = split_holdout(capped, holdout_permille=300, val_per_domain=2, candidates=everything)
+    assert [e["key"] for *_, e in val3] == [e["key"] for *_, e in val]
+    assert len(train3) < len(capped) + 1 and not {e["key"] for *_, e in train3} & held
 
 
 def test_store_training_data_and_a_response_only_draft_vocabulary(tmp_path):

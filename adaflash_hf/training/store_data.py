@@ -40,19 +40,18 @@ def is_held_out(entry: dict, holdout_permille: int) -> bool:
 
 
 def split_holdout(selection: list, holdout_permille: int = 50, val_per_domain: int | None = 32,
-                  val_kinds: tuple[str, ...] = ("responses",)) -> tuple[list, list]:
+                  val_kinds: tuple[str, ...] = ("responses",), candidates: list | None = None) -> tuple[list, list]:
     """`(train, val)` of a `select_entries` selection.
 
     Every held-out entry is left out of `train`; `val` holds the first `val_per_domain` held-out entries of each
-    domain among `val_kinds` (all of them with `None`), in selection order.
+    domain among `val_kinds` (all of them with `None`), taken in order from `candidates` (default: the selection;
+    pass every entry of the store so that caps on the training data do not shrink or move the validation set).
     """
-    train, val, counts = [], [], {}
-    for item in selection:
+    train = [item for item in selection if not is_held_out(item[2], holdout_permille)]
+    val, counts = [], {}
+    for item in selection if candidates is None else candidates:
         _, kind, entry = item
-        if not is_held_out(entry, holdout_permille):
-            train.append(item)
-            continue
-        if kind not in val_kinds:
+        if kind not in val_kinds or not is_held_out(entry, holdout_permille):
             continue
         domain = entry.get("domain", "unknown")
         if val_per_domain is None or counts.get(domain, 0) < val_per_domain:
@@ -125,7 +124,12 @@ def store_training_data(target, target_name: str, target_layer_ids: list[int], *
     selection = select_entries(stores["responses"], stores["corpus"] if corpus_ratio > 0 else None,
                                corpus_ratio=corpus_ratio, max_responses_per_domain=max_responses_per_domain,
                                max_corpus_tokens=max_corpus_tokens, domains=domains)
-    train_sel, val_sel = split_holdout(selection, holdout_permille, val_per_domain)
+    candidates = None
+    if stores["responses"] is not None:  # validation: from every response of the store, whatever the caps
+        wanted = set(domains) if domains is not None else None
+        candidates = [(stores["responses"], "responses", e) for e in stores["responses"].entries("responses")
+                      if wanted is None or e.get("domain", "unknown") in wanted]
+    train_sel, val_sel = split_holdout(selection, holdout_permille, val_per_domain, candidates=candidates)
     if not train_sel:
         raise ValueError(f"The label store selection of {target_name!r} holds no training entries")
     # One call records every missing entry; the two datasets are then read from the cache.

@@ -69,7 +69,9 @@ class ScriptArguments:
     label_dtype: str = field(default="float32", metadata={
         "help": "label store: dtype of the corpus labels and hidden states (the target is loaded in it)"})
     max_cpu_seconds: float | None = field(default=None, metadata={
-        "help": "stop after this much CPU time in training steps (same-compute comparisons)"})
+        "help": "stop after this much CPU time in training steps (same-compute comparisons; legs of a long run)"})
+    record_only: bool = field(default=False, metadata={
+        "help": "label store: only record the hidden states of the selection (cached), then exit"})
 
 
 def main():
@@ -105,6 +107,9 @@ def main():
             val_per_domain=script.val_per_domain, progress=not config.disable_tqdm)
         train, val, data_info = data.train, data.val, data.info
         vocab_source = data.draft_vocab
+        if script.record_only:
+            logging.info("recorded: %s", json.dumps(data_info))
+            return
     else:
         dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
                                           target_path=script.target, train_prompts=script.train_prompts,

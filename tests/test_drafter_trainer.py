@@ -206,3 +206,8 @@ def test_eval_curve_best_drafter_budget_and_resume(recorded, tmp_path):
     short.add_callback(stopper)
     short.train()
     assert short.state.global_step == 1 and stopper.steps == 1
+    # With checkpoints on, a run stopped by its budget saves where it stopped (the next leg resumes there).
+    leg = _trainer(target, dataset, tmp_path / "leg", max_steps=20, save_strategy="steps", save_steps=10)
+    leg.add_callback(ComputeBudgetCallback(max_cpu_seconds=1e-9))
+    leg.train()
+    assert resolve_checkpoint("last", tmp_path / "leg").endswith("checkpoint-1")

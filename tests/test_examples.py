@@ -253,6 +253,9 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
                "--num_anchors", "4", "--per_device_train_batch_size", "2", "--draft_vocab_size", "16",
                "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
                "--save_total_limit", "2", "--resume_from_checkpoint", "last", "--disable_tqdm", "true"]
+    recorded = _run([*command, "--record_only"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
+    assert recorded.returncode == 0, recorded.stderr[-4000:]
+    assert "recorded:" in recorded.stderr and not (out / "final").exists()
     first = _run([*command, "--max_steps", "4"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
     assert first.returncode == 0, first.stderr[-4000:]
     summary = json.loads((out / "final" / "training_summary.json").read_text())

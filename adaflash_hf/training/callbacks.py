@@ -8,7 +8,8 @@
   and keeps the best only if it beats the stored one.
 * `ComputeBudgetCallback` measures the CPU time of the training steps alone (process time, so it does not depend
   on what else runs on the machine; evaluations and saves are excluded) and stops training once it reaches
-  `max_cpu_seconds`: the way to compare drafter shapes "under the same compute" on a shared CPU.
+  `max_cpu_seconds`: the way to compare drafter shapes "under the same compute" on a shared CPU, and to run a
+  long training in legs (with checkpoints on, it saves one where it stops, so the next leg resumes there).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class ComputeBudgetCallback(TrainerCallback):
             self.steady_steps += 1
         if self.max_cpu_seconds is not None and self.cpu_seconds >= self.max_cpu_seconds:
             control.should_training_stop = True
+            if str(getattr(args, "save_strategy", "no")).lower().split(".")[-1] != "no":
+                control.should_save = True  # a run stopped by its budget resumes from where it stopped
 
     def seconds_per_step(self) -> float:
         if self.steady_steps:

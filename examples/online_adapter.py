@@ -34,6 +34,9 @@ def main(argv=None) -> int:
     parser.add_argument("--loss", default="ce", choices=["ce", "reverse_kl"])
     parser.add_argument("--lora_r", type=int, default=8)
     parser.add_argument("--update_every", type=int, default=1)
+    parser.add_argument("--update_mode", default="request", choices=["request", "background", "round"],
+                        help="learn from each served request (between requests, or in a background worker), or from "
+                             "every drafter round")
     parser.add_argument("--hybrid", action="store_true",
                         help="keep the default per-round choice of drafter / prompt lookup / no draft (the adapter "
                              "then learns only in drafter rounds); by default every round drafts, so every round "
@@ -58,7 +61,8 @@ def main(argv=None) -> int:
     else:
         adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(
             algorithm=args.algorithm, optimizer=args.optimizer, learning_rate=args.learning_rate, loss=args.loss,
-            lora_r=args.lora_r, lora_alpha=2.0 * args.lora_r, update_every=args.update_every))
+            lora_r=args.lora_r, lora_alpha=2.0 * args.lora_r, update_every=args.update_every,
+            update_mode=args.update_mode))
     records = (read_prompts_jsonl(args.prompts) if args.prompts else default_eval_prompts())[: args.max_prompts]
     out_dir = args.output_dir / "adapter"
     log = []

@@ -78,7 +78,7 @@ def test_bad_concurrency_fails_before_loading(capsys, no_models, value, message)
     (["bench", "--length-head", "/no/such/head"], ["--length-head '/no/such/head'", "no such folder"]),
     (["compare", "--drafters", ".", "--max-new-tokens", "0"], ["--max-new-tokens '0'"]),
     (["bench-online", "--algorithms", "static,sgd"], ["--algorithms 'static,sgd'", "unknown ['sgd']"]),
-    (["bench-online", "--per-domain", "0"], ["--per-domain '0'", "positive integer"]),
+    (["bench-online", "--per-block", "0"], ["--per-block '0'", "positive integer"]),
     (["bench-online", "--max-new-tokens", "-5"], ["--max-new-tokens '-5'", "positive integer"]),
     (["bench-online", "--drafter", "/no/such/drafter"], ["--drafter '/no/such/drafter'", "no such folder"]),
 ])
@@ -92,6 +92,6 @@ def test_good_input_parses_to_what_the_commands_use(tmp_path):
     assert str(args.prompts) == path and args.concurrency == "1,4,16"
     assert len(read_prompt_records(args.prompts)) == 2 and parse_positive_int_list(args.concurrency) == [1, 4, 16]
     args = cli.build_parser().parse_args(["bench-online"])
-    assert args.algorithms == "static,ogd,optimistic,ensemble" and args.per_domain is None
+    assert args.algorithms == "static,ogd,optimistic,ensemble" and args.per_block is None and args.prompts is None
     with pytest.raises(ValueError, match="line 1: not JSON"):
         read_prompt_records(_prompts(tmp_path, "nope\n", "bad.jsonl"))

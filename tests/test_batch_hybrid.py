@@ -142,7 +142,7 @@ def test_lookup_is_cut_to_the_verify_width_of_speculative_rounds():
 class _LookupFirstPolicy(ProposalPolicy):
     """Alternates lookup rounds (when some row has a match) and speculative rounds."""
 
-    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None):
         self.round += 1
         return "lookup" if max(lookup_lens) > 0 and self.round % 2 else "draft"
 
@@ -184,7 +184,7 @@ def test_online_feedback_replays_each_rows_batched_draft(monkeypatch):
     and its raw target logits are the target's at the drafted positions."""
     target = make_tiny_target(seed=24)
     drafter = _drafter(target, hybrid=True, block_size=4, seed=24)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(context_window=512))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", context_window=512))
     feedbacks = []
     monkeypatch.setattr(adapter, "observe", lambda fb, lm_head: feedbacks.append(fb))
     prompts = _mixed_prompts(6, seed=24)
@@ -217,11 +217,12 @@ def test_online_feedback_replays_each_rows_batched_draft(monkeypatch):
         assert fb.target_tokens[: a + 1].tolist() == ref[anchor + 1 : anchor + 2 + a][: fb.num_drafted]
 
 
-@pytest.mark.parametrize("hybrid", [False, True])
-def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid):
+@pytest.mark.parametrize("hybrid, mode", [(False, "round"), (True, "round"), (True, "request"), (True, "background")])
+def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid, mode):
     target = make_tiny_target(seed=25)
     drafter = _drafter(target, hybrid=hybrid, block_size=4, seed=25)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01, context_window=6))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01, context_window=6,
+                                                                 update_mode=mode))
     lora_b = [m.lora_B["online"].weight for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
     snapshots, rounds = [], []
     for call in range(2):
@@ -229,12 +230,17 @@ def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid):
         out, stats = generate_batch(target, drafter, prompts, 16, return_stats=True, max_batch_size=3,
                                     continuous=True)
         assert out == [_reference(target, p, 16) for p in prompts], f"call {call}: the adapter changed the output"
+        adapter.finish()
         drafted = sum(s == "drafter" and v > 0 for srcs, ver in zip(stats.sources, stats.verified)
                       for s, v in zip(srcs, ver))
         rounds.append(adapter.stats.rounds)
-        assert rounds[-1] - (rounds[-2] if call else 0) == drafted > 0
+        # round mode: one feedback per drafter row-round; sequence modes: one per served request (all of its tokens)
+        expected = drafted if mode == "round" else len(prompts)
+        assert rounds[-1] - (rounds[-2] if call else 0) == expected > 0
         snapshots.append([b.detach().clone() for b in lora_b])
         assert stats.seconds["online"] > 0
     assert adapter.stats.updates == adapter.stats.rounds
+    if mode != "round":
+        assert min(adapter.stats.positions) > 8  # every committed position of a request teaches
     assert any(b.abs().sum() > 0 for b in snapshots[0])  # learned during the first call
     assert any(not torch.equal(x, y) for x, y in zip(*snapshots))  # and kept learning from that state

@@ -94,7 +94,7 @@ def test_attach_leaves_base_weights_and_detach_restores_modules():
     drafter = _drafter(target)
     before = {k: v.clone() for k, v in drafter.state_dict().items()}
     trainable = {n: p.requires_grad for n, p in drafter.named_parameters()}
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.05))
     assert drafter.runtime.online_adapter is adapter
     for seed in range(5):
         adapter.observe(_feedback(drafter, target, seed=seed), target.lm_head)
@@ -114,7 +114,7 @@ def test_cache_stays_exact_after_an_update():
     """LoRA is not on k/v/fc: context keys/values cached before an update equal the ones computed after it."""
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.2, optimizer="sgd"))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.2, optimizer="sgd"))
     width = len(drafter.config.target_layer_ids) * target.config.hidden_size
     context, block = torch.randn(1, 7, width), target.get_input_embeddings()(torch.randint(0, VOCAB, (1, 4)))
     positions = torch.arange(11)[None]
@@ -134,7 +134,7 @@ def test_cache_stays_exact_after_an_update():
 def test_loss_masks_positions_after_the_first_rejection():
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter(drafter, OnlineSpecConfig(loss_decay_gamma=None))
+    adapter = OnlineSpecAdapter(drafter, OnlineSpecConfig(update_mode="round", loss_decay_gamma=None))
     fb = _feedback(drafter, target, n=3, accepted=0)
     only_first = adapter.round_loss(fb, target.lm_head)
     fb.target_tokens[1:] = (fb.target_tokens[1:] + 1) % VOCAB  # positions after the rejection: no effect
@@ -148,7 +148,7 @@ def test_loss_masks_positions_after_the_first_rejection():
 def test_repeated_feedback_lowers_the_loss(algorithm, loss):
     target = make_tiny_target()
     drafter = _drafter(target)
-    config = OnlineSpecConfig(algorithm=algorithm, loss=loss, learning_rate=0.01, ensemble_base="optimistic",
+    config = OnlineSpecConfig(update_mode="round", algorithm=algorithm, loss=loss, learning_rate=0.01, ensemble_base="optimistic",
                               learn_after_rejection=True, rollback_window=1000)
     adapter = OnlineSpecAdapter.attach(drafter, config)
     rounds = [_feedback(drafter, target, seed=s % 4, accepted=3) for s in range(60)]
@@ -167,7 +167,7 @@ def test_repeated_feedback_lowers_the_loss(algorithm, loss):
 def test_nan_feedback_rolls_back_to_the_last_good_state():
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(loss="reverse_kl", learning_rate=0.05,
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", loss="reverse_kl", learning_rate=0.05,
                                                                  rollback_window=2))
     for seed in range(4):
         adapter.observe(_feedback(drafter, target, seed=seed, accepted=2), target.lm_head)
@@ -182,7 +182,7 @@ def test_nan_feedback_rolls_back_to_the_last_good_state():
 def test_sustained_acceptance_drop_rolls_back():
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05, rollback_window=4,
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.05, rollback_window=4,
                                                                  rollback_drop=0.5))
     for seed in range(4):  # a good window: everything accepted
         adapter.observe(_feedback(drafter, target, seed=seed, n=3, accepted=3), target.lm_head)
@@ -200,7 +200,7 @@ def test_sustained_acceptance_drop_rolls_back():
 def test_save_load_round_trip(tmp_path, algorithm):
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm=algorithm, learning_rate=0.05))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", algorithm=algorithm, learning_rate=0.05))
     for seed in range(4):
         adapter.observe(_feedback(drafter, target, seed=seed, accepted=2), target.lm_head)
     adapter.save_pretrained(tmp_path / "adapter")
@@ -219,7 +219,7 @@ def test_crash_mid_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
 
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.05))
     adapter.observe(_feedback(drafter, target), target.lm_head)
     adapter.save_pretrained(tmp_path / "adapter")
     saved = [p.clone() for p in adapter._params("online")]
@@ -239,7 +239,7 @@ def test_crash_mid_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
 def _saved_then_moved(tmp_path, target):
     """An adapter saved once (its parameters returned), then updated: the next save has different weights."""
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.05))
     adapter.observe(_feedback(drafter, target), target.lm_head)
     adapter.save_pretrained(tmp_path / "adapter")
     old = [p.clone() for p in adapter._params("online")]
@@ -312,12 +312,14 @@ def test_missing_files_fail_clearly(tmp_path):
 # ------------------------------------------------------------------------------------------------ in generate
 
 
-@pytest.mark.parametrize("algorithm", ["ogd", "optimistic", "ensemble"])
-def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algorithm):
+@pytest.mark.parametrize("algorithm, mode", [("ogd", "round"), ("optimistic", "round"), ("ensemble", "round"),
+                                             ("ogd", "request"), ("optimistic", "request"), ("ensemble", "request"),
+                                             ("ogd", "background"), ("ensemble", "background")])
+def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algorithm, mode):
     target = make_tiny_target(seed=4)
     drafter = _drafter(target, seed=4)
     adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm=algorithm, learning_rate=0.01,
-                                                                 record_stream=True))
+                                                                 record_stream=True, update_mode=mode))
     rounds = []
     for i in range(6):
         prompt = _prompt(seed=i % 2)
@@ -325,7 +327,11 @@ def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algori
         out = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=drafter)
         assert torch.equal(out, expected), f"call {i}: online adapter changed the output"
         rounds.append(adapter.stats.rounds)
-    assert rounds == sorted(rounds) and rounds[-1] > rounds[0] > 0  # one learner over all calls
+    adapter.finish()
+    rounds.append(adapter.stats.rounds)
+    assert rounds == sorted(rounds) and rounds[-1] > rounds[0]  # one learner over all calls
+    if mode != "round":  # one update per served request, each from every position of it
+        assert adapter.stats.rounds == 6 and min(adapter.stats.positions) > 8
     assert adapter.stats.updates == adapter.stats.rounds
     for name in adapter.config.adapter_names:  # the updates reached the LoRA weights (the 0-lr member excepted)
         moved = any(b.abs().sum() > 0 for b in adapter._params(name)[1::2])
@@ -344,7 +350,7 @@ def test_generate_with_online_adapter_is_lossless_and_learns_across_calls(algori
 def test_logits_processors_defer_learning_to_raw_logits():
     target = make_tiny_target(seed=5)
     drafter = _drafter(target, seed=5)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.01))
     prompt = _prompt(seed=5)
     expected = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.3)
     out = target.generate(prompt, max_new_tokens=20, do_sample=False, repetition_penalty=1.3,
@@ -363,9 +369,58 @@ def test_hindsight_needs_a_recorded_stream():
 def test_learning_works_under_inference_mode():
     target = make_tiny_target()
     drafter = _drafter(target)
-    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05))
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="round", learning_rate=0.05))
     with torch.inference_mode():
         fb = _feedback(drafter, target, accepted=2)
         drafter.draft_logits(torch.zeros(1, 1, target.config.hidden_size), target.lm_head)  # an inference-mode slice
         result = adapter.observe(fb, target.lm_head)
     assert result["updated"] and math.isfinite(result["loss"])
+
+
+# ------------------------------------------------------------------------------------------------ the bench
+
+
+@pytest.mark.parametrize("mode", ["request", "background"])
+def test_online_bench_reports_learning_cost_over_time_and_stays_lossless(mode):
+    from adaflash_hf.bench.online import print_online, run_online_bench
+
+    from .test_bench import RECORDS, CharTokenizer
+
+    target = make_tiny_target(seed=7)
+    target.generation_config.eos_token_id = None
+    drafter = _drafter(target, seed=7)
+    stream = RECORDS * 3  # 9 requests, the domains shifting every request
+    result = run_online_bench(target, CharTokenizer(), drafter, algorithms=("static", "ogd"), records=stream,
+                              max_new_tokens=12, update_mode=mode, hindsight_epochs=1, window=3, progress=False)
+    assert result["stream"]["requests"] == 9 and result["stream"]["update_mode"] == mode
+    static, ogd = result["algorithms"]["static"], result["algorithms"]["ogd"]
+    for entry in (static, ogd):
+        assert entry["identical"] == entry["total"] == 9  # learning never changes the output
+        assert len(entry["over_time"]) == 3 and entry["tokens_per_s"] > 0
+    assert ogd["updates"] == 9 and ogd["learner_rounds"] == 9 and ogd["positions_per_update"] > 8
+    learn = ogd["learning_ms_per_request"]
+    assert learn["total"] > 0 and 0 <= learn["critical_path"]
+    if mode == "request":  # on the serving thread, everything the learner does is on the critical path
+        assert learn["critical_path"] >= learn["total"] * 0.99
+    assert ogd["regret"] is not None and static["regret"] is None
+    assert ogd["speed_vs_static"] > 0 and static["tau_vs_static"] == 1.0
+    assert drafter.runtime is None  # the bench served copies: the drafter it was given is untouched
+    print_online(result)
+
+
+def test_online_plot(tmp_path):
+    from adaflash_hf.bench.online import plot_online
+
+    entry = {"tau": 1.5, "tau_over_time": [1.4, 1.6], "domains_over_time": ["code", "math"],
+             "over_time": [{"requests": [0, 1], "tau": 1.4, "tokens_per_s": 10.0},
+                           {"requests": [1, 2], "tau": 1.6, "tokens_per_s": 11.0}]}
+    plot_online({"algorithms": {"static": entry, "ogd": entry}}, tmp_path / "o.png")
+    assert (tmp_path / "o.png").stat().st_size > 1000
+
+
+def test_shift_stream_blocks_domains_in_order():
+    from adaflash_hf.bench.online import SHIFT_ORDER, shift_stream
+
+    stream = shift_stream(per_block=3, cycles=2)
+    assert [r["domain"] for r in stream] == [d for _ in range(2) for d in SHIFT_ORDER for _ in range(3)]
+    assert len({r["prompt"] for r in stream}) == len(stream) == 24  # distinct prompts, both cycles

@@ -40,13 +40,14 @@ def concurrency_data(fixed_tps, ada_tps, fixed_vpc=4.0, ada_vpc=2.0):
             "detail": detail, "methods": ["plain_batched", "fixed_block", "adaptive"], "max_new_tokens": 16}
 
 
-def online_data(taus):
+def online_data(taus, rates=None):
     algos = {name: {"tau": tau, "tau_over_time": [tau - 0.1, tau, tau + 0.1], "cumulative_loss": 10.0,
                     "hindsight_loss": None if name == "static" else 9.0, "regret": None if name == "static" else 1.0,
-                    "overhead_ms_per_round": 0.0 if name == "static" else 2.5, "tokens_per_s": 20.0,
+                    "learning_ms_per_request": {} if name == "static" else {"total": 80.0, "critical_path": 5.0},
+                    "tokens_per_s": (rates or {}).get(name, 20.0 + 10 * (tau - 1.6)),
                     "identical": 6, "total": 6}
              for name, tau in taus.items()}
-    return {"algorithms": algos, "stream": {"domains": ["code", "math"], "prompts": 6, "max_new_tokens": 32}}
+    return {"algorithms": algos, "stream": {"domains": ["code", "math"], "requests": 6, "max_new_tokens": 32}}
 
 
 def bench_row(rate, speedup, tau, identical, total=4):
@@ -92,6 +93,9 @@ def test_verdict_c_online_beats_static():
     assert verdict == "held" and "ensemble" in why
     assert report.verdict_c(online_data({"static": 1.8, "ogd": 1.7, "ensemble": 1.8}))[0] == "did not hold"
     assert report.verdict_c(online_data({"static": 1.8}))[0] == "not tested"
+    # a higher tau that does not pay for its learning is not the claim
+    slower = online_data({"static": 1.6, "ogd": 1.8}, rates={"static": 20.0, "ogd": 19.0})
+    assert report.verdict_c(slower)[0] == "did not hold"
 
 
 def test_verdict_d_needs_speedup_and_identical():
@@ -112,7 +116,7 @@ def test_write_report_all_sections(tmp_path):
     text = path.read_text()
     assert path == tmp_path / "results.md"
     for needle in ("adaflash-hf report --quick", "2 CPU cores", "2.13.0", "5.24.0", "Quick mode", "## Summary",
-                   "| offline | 1.20 | 1.80 | 2.20 | 1.60 |", "| 4 | 20.0 | 30.0 | 29.0 | 1.70 | 1.50 | 4.00 | 2.00 | 12/12 |", "| ensemble | 1.720 |",
+                   "| offline | 1.20 | 1.80 | 2.20 | 1.60 |", "| 4 | - | 20.0 | 30.0 | 29.0 | 1.70 | 1.50 | 4.00 | 2.00 | 12/12 |", "| ensemble | 1.720 |",
                    "| adaflash | 24.8 | 1.24x | 1.66 |", "| plain | 20.0 | 1.00x | 1.00 |"):
         assert needle in text, needle
     for key in report.SECTIONS:

@@ -1,16 +1,20 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
 """OnlineSpec bench: static drafter vs online adapters (ogd / optimistic / ensemble) on a domain-shift stream.
 
-    adaflash-hf bench-online [--quick] [--algorithms static,ogd,optimistic,ensemble] [--output docs/bench_online.json]
+    adaflash-hf bench-online [--prompts stream.jsonl] [--update-mode request|background|round] [--device auto]
+                             [--algorithms static,ogd,optimistic,ensemble] [--output docs/bench_online.json]
 
-The stream is the held-out prompts of the testbed domains, served one domain after the other (the traffic
-shifts). Every algorithm serves the same stream with a fresh copy of the drafter through plain
-`target.generate(assistant_model=drafter)`; an online adapter keeps learning across prompts. Every round drafts
-(lookup and no-draft rounds are off), so each round feeds the learner and tau measures the drafter alone.
+The stream is served in its order through plain `target.generate(assistant_model=drafter)`, one request after the
+other; every algorithm serves the same stream starting from the same drafter, and an online adapter keeps learning
+across requests. By default the stream is `shift_stream()`: held-out testbed prompts (never trained on), in blocks
+of one domain after another (prose -> code -> chat -> math, repeated), so the traffic shifts. By default every round
+drafts (`--hybrid` keeps the default path's lookup and plain rounds), so tau measures the drafter alone.
 
-Reported per algorithm: tau (overall and per window of prompts, i.e. over time), tokens/s, identical outputs vs
-plain greedy, the learner's overhead per round, and regret: the cumulative online loss minus that of the best fixed
-adapter in hindsight on the same stream (`online.regret`).
+Reported per algorithm: tau and tokens/s overall and per window of requests (over time), outputs identical to
+plain greedy, the learning cost per request and per round, split into what the serving thread spent (on the
+critical path: sync updates, waiting for the worker, copying weights in) and the total learning compute (in a
+background worker it runs beside serving), the drafted positions each update learned from, and regret: the
+cumulative online loss minus that of the best fixed adapter in hindsight on the same stream (`online.regret`).
 """
 
 import copy
@@ -22,24 +26,31 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.batch import run_knobs
+from ..generation.cost_model import synchronize
 from ..testbed.prompts import encode_prompt
 from .models import DEVICES
 from .runner import DRAFTER_ONLY
 
 
 ALGORITHMS = ("static", "ogd", "optimistic", "ensemble")
+SHIFT_ORDER = ("prose", "code", "chat", "math")
 
 
-def shift_stream(domains=("prose", "code", "chat", "math"), per_domain: int = 4, split: str = "eval") -> list[dict]:
-    """Held-out testbed prompts, `per_domain` of each domain, one domain after the other."""
+def shift_stream(per_block: int = 25, cycles: int = 2, domains=SHIFT_ORDER, split: str = "eval") -> list[dict]:
+    """Held-out testbed prompts in domain blocks: `per_block` of each domain in `domains` order, `cycles` times
+    (different prompts each cycle): `per_block * len(domains) * cycles` requests (default 200)."""
     from ..testbed import load_prompts
 
-    records = load_prompts(split=split, max_per_domain=per_domain)
-    return [r for d in domains for r in records if r["domain"] == d][: per_domain * len(domains)]
+    records = load_prompts(split=split, max_per_domain=per_block * cycles)
+    by_domain = {d: [r for r in records if r["domain"] == d] for d in domains}
+    short = [d for d, rs in by_domain.items() if len(rs) < per_block * cycles]
+    if short:
+        raise ValueError(f"not enough {split} prompts in {short} for {cycles} x {per_block} per domain")
+    return [r for c in range(cycles) for d in domains for r in by_domain[d][c * per_block : (c + 1) * per_block]]
 
 
 def online_config(algorithm: str, learning_rate: float | None = None, **overrides):
-    """The `OnlineSpecConfig` the bench uses for `algorithm` (tuned on the training split, see the README)."""
+    """The `OnlineSpecConfig` the bench uses for `algorithm`."""
     from ..online import OnlineSpecConfig
 
     lr = {"ogd": 1e-3, "optimistic": 1e-3, "ensemble": 1e-3}[algorithm] if learning_rate is None else learning_rate
@@ -48,66 +59,96 @@ def online_config(algorithm: str, learning_rate: float | None = None, **override
 
 @torch.no_grad()  # not inference_mode: the online adapter trains inside generate
 def _serve(target, tokenizer, drafter, records, max_new_tokens, desc, progress):
-    """Serve `records` in order; returns per-prompt outputs, seconds and (speculative) accepted/drafted lists."""
+    """Serve `records` in order; returns per-request outputs, seconds and drafter-round statistics."""
     rows = []
-    for record in tqdm(records, desc=desc, disable=not progress, unit="prompt"):
+    for record in tqdm(records, desc=desc, disable=not progress, unit="request"):
         ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])], device=target.device)
         kwargs = {"assistant_model": drafter, "return_dict_in_generate": True} if drafter is not None else {}
+        synchronize(target.device)
         start = time.perf_counter()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                               do_sample=False, **kwargs)
+        synchronize(target.device)
         seconds = time.perf_counter() - start
         stats, out = (out.speculation_stats, out.sequences) if drafter is not None else (None, out)
-        rows.append({"output": out, "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
-                     "accepted": list(stats.accepted) if stats else [], "domain": record["domain"]})
+        rows.append({"output": out.cpu(), "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
+                     "accepted": list(stats.accepted) if stats else [], "domain": record["domain"],
+                     "proposers": list(stats.proposers) if stats else []})
     return rows
 
 
-def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, quick: bool = False, seed: int = 0,
-                     per_domain: int | None = None, max_new_tokens: int | None = None,
-                     learning_rate: float | None = None, hindsight_epochs: int | None = None,
-                     progress: bool = True, records: list[dict] | None = None) -> dict:
+def _windows(rows: list[dict], size: int) -> list[dict]:
+    """tau and tokens/s per window of `size` consecutive requests (the stream over time)."""
+    out = []
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        accepted = [a for r in chunk for a in r["accepted"]]
+        out.append({"requests": [start, start + len(chunk)], "domain": chunk[0]["domain"],
+                    "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+                    "tokens_per_s": sum(r["new_tokens"] for r in chunk) / sum(r["seconds"] for r in chunk)})
+    return out
+
+
+def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records: list[dict] | None = None,
+                     quick: bool = False, seed: int = 0, per_block: int | None = None, cycles: int | None = None,
+                     max_new_tokens: int | None = None, learning_rate: float | None = None,
+                     update_mode: str = "request", hybrid: bool = False, hindsight_epochs: int | None = None,
+                     window: int | None = None, progress: bool = True) -> dict:
     """Run the bench (module docstring). Returns the JSON-ready dict (schema: `algorithms` -> name -> metrics)."""
     from ..online import OnlineSpecAdapter, regret
 
     unknown = set(algorithms) - set(ALGORITHMS)
     if unknown:
         raise ValueError(f"unknown algorithms {sorted(unknown)}; choose from {ALGORITHMS}")
-    per_domain = per_domain or (2 if quick else 5)
-    max_new_tokens = max_new_tokens or (48 if quick else 96)
-    hindsight_epochs = hindsight_epochs or (2 if quick else 4)
-    records = records if records is not None else shift_stream(per_domain=per_domain)
+    if records is None:
+        records = shift_stream(per_block or (2 if quick else 25), cycles or (1 if quick else 2))
+    max_new_tokens = max_new_tokens or (32 if quick else 64)
+    hindsight_epochs = hindsight_epochs or (1 if quick else 2)
+    window = window or max(1, len(records) // 10)
     torch.manual_seed(seed)
     plain = _serve(target, tokenizer, None, records, max_new_tokens, "plain", progress)
-    result = {"stream": {"domains": list(dict.fromkeys(r["domain"] for r in records)), "prompts": len(records),
-                         "max_new_tokens": max_new_tokens, "seed": seed},
-              "plain_tokens_per_s": sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain),
-              "algorithms": {}}
+    plain_rate = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
+    result = {"stream": {"domains": list(dict.fromkeys(r["domain"] for r in records)), "requests": len(records),
+                         "order": [r["domain"] for r in records], "max_new_tokens": max_new_tokens, "seed": seed,
+                         "update_mode": update_mode, "path": "hybrid" if hybrid else "drafter every round"},
+              "plain_tokens_per_s": plain_rate, "algorithms": {}}
     base = copy.deepcopy(drafter)
     base.runtime = None  # each algorithm starts from a fresh runtime
-    base.generation_config = run_knobs(drafter, **DRAFTER_ONLY)
+    if not hybrid:
+        base.generation_config = run_knobs(drafter, **DRAFTER_ONLY)
     for algorithm in algorithms:
         torch.manual_seed(seed)
         served = copy.deepcopy(base)
         adapter = None
         if algorithm != "static":
-            adapter = OnlineSpecAdapter.attach(served, online_config(algorithm, learning_rate, record_stream=True,
-                                                                     seed=seed))
+            adapter = OnlineSpecAdapter.attach(served, online_config(
+                algorithm, learning_rate, record_stream=True, seed=seed, update_mode=update_mode))
         rows = _serve(target, tokenizer, served, records, max_new_tokens, algorithm, progress)
+        if adapter is not None:
+            adapter.finish()
         accepted = [a for r in rows for a in r["accepted"]]
+        seconds = sum(r["seconds"] for r in rows)
         entry = {
             "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+            "tokens_per_s": sum(r["new_tokens"] for r in rows) / seconds,
+            "over_time": _windows(rows, window),
             "tau_over_time": [(sum(r["accepted"]) / len(r["accepted"]) + 1) if r["accepted"] else 0.0 for r in rows],
             "domains_over_time": [r["domain"] for r in rows],
-            "tokens_per_s": sum(r["new_tokens"] for r in rows) / sum(r["seconds"] for r in rows),
             "identical": sum(torch.equal(r["output"], p["output"]) for r, p in zip(rows, plain)),
             "total": len(rows), "rounds": len(accepted),
-            "cumulative_loss": None, "hindsight_loss": None, "regret": None, "overhead_ms_per_round": 0.0,
+            "drafter_rounds": sum(p == "drafter" for r in rows for p in r["proposers"]),
+            "cumulative_loss": None, "hindsight_loss": None, "regret": None,
         }
         if adapter is not None:
             stats = adapter.stats
-            entry["overhead_ms_per_round"] = 1e3 * stats.update_seconds / max(stats.rounds, 1)
-            entry["rollbacks"] = len(stats.rollbacks)
+            entry.update(
+                updates=stats.updates, rollbacks=len(stats.rollbacks),
+                positions_per_update=sum(stats.positions) / max(len(stats.positions), 1),
+                learning_ms_per_request={"critical_path": 1e3 * stats.critical_seconds / len(rows),
+                                         "total": 1e3 * stats.update_seconds / len(rows)},
+                learning_ms_per_round={"critical_path": 1e3 * stats.critical_seconds / max(len(accepted), 1),
+                                       "total": 1e3 * stats.update_seconds / max(len(accepted), 1)},
+                critical_share=stats.critical_seconds / seconds)
             start = time.perf_counter()
             r = regret(adapter, target.get_output_embeddings(), epochs=hindsight_epochs, seed=seed)
             entry.update(cumulative_loss=r["online"], hindsight_loss=r["best_fixed"], regret=r["regret"],
@@ -116,19 +157,27 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, quick: b
             if stats.weights:
                 entry["final_weights"] = stats.weights[-1]
         result["algorithms"][algorithm] = entry
+    static = result["algorithms"].get("static")
+    if static:
+        for entry in result["algorithms"].values():
+            entry["tau_vs_static"] = entry["tau"] / max(static["tau"], 1e-9)
+            entry["speed_vs_static"] = entry["tokens_per_s"] / max(static["tokens_per_s"], 1e-9)
     return result
 
 
 def print_online(result: dict) -> None:
-    print(f"stream: {result['stream']['prompts']} prompts over {result['stream']['domains']}, "
-          f"{result['stream']['max_new_tokens']} new tokens each; plain {result['plain_tokens_per_s']:.1f} tok/s")
-    print(f"{'algorithm':<12}{'tau':>7}{'tok/s':>8}{'overhead ms':>13}{'online loss':>13}{'hindsight':>11}"
-          f"{'regret':>9}{'identical':>11}")
-    fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "-"  # noqa: E731
+    stream = result["stream"]
+    print(f"stream: {stream['requests']} requests over {stream['domains']} ({stream['path']}, update mode "
+          f"{stream['update_mode']}), {stream['max_new_tokens']} new tokens each; plain "
+          f"{result['plain_tokens_per_s']:.1f} tok/s")
+    print(f"{'algorithm':<12}{'tau':>7}{'vs static':>10}{'tok/s':>8}{'vs static':>10}{'learn ms/req':>13}"
+          f"{'(critical)':>11}{'regret':>9}{'identical':>11}")
+    fmt = lambda v, spec=".1f": format(v, spec) if isinstance(v, float) else "-"  # noqa: E731
     for name, e in result["algorithms"].items():
-        print(f"{name:<12}{e['tau']:>7.3f}{e['tokens_per_s']:>8.1f}{e['overhead_ms_per_round']:>13.1f}"
-              f"{fmt(e['cumulative_loss']):>13}{fmt(e['hindsight_loss']):>11}{fmt(e['regret']):>9}"
-              f"{e['identical']:>7}/{e['total']}")
+        learn = e.get("learning_ms_per_request", {})
+        print(f"{name:<12}{e['tau']:>7.3f}{e.get('tau_vs_static', 1.0):>9.2f}x{e['tokens_per_s']:>8.1f}"
+              f"{e.get('speed_vs_static', 1.0):>9.2f}x{fmt(learn.get('total')):>13}{fmt(learn.get('critical_path')):>11}"
+              f"{fmt(e['regret']):>9}{e['identical']:>7}/{e['total']}")
 
 
 def plot_online(result: dict, path) -> None:
@@ -137,50 +186,68 @@ def plot_online(result: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, e in result["algorithms"].items():
-        series = e["tau_over_time"]
-        smooth = [sum(series[max(0, i - 1) : i + 2]) / len(series[max(0, i - 1) : i + 2]) for i in range(len(series))]
-        ax.plot(range(1, len(series) + 1), smooth, marker=".", label=f"{name} (tau {e['tau']:.2f})")
+        windows = e.get("over_time") or [{"requests": [i, i + 1], "tau": t, "tokens_per_s": 0.0}
+                                         for i, t in enumerate(e["tau_over_time"])]
+        x = [w["requests"][1] for w in windows]
+        left.plot(x, [w["tau"] for w in windows], marker=".", label=f"{name} (tau {e['tau']:.2f})")
+        right.plot(x, [w["tokens_per_s"] for w in windows], marker=".", label=name)
     domains = next(iter(result["algorithms"].values())).get("domains_over_time", [])
-    for i in range(1, len(domains)):  # where the stream switches domain
-        if domains[i] != domains[i - 1]:
-            ax.axvline(i + 0.5, color="grey", lw=0.6, ls=":")
-    order = result.get("stream", {}).get("domains")
-    ax.set_xlabel("prompt in the stream" + (f" (domains: {' -> '.join(order)})" if order else ""))
-    ax.set_ylabel("tau (3-prompt moving mean)")
-    ax.legend(fontsize=8)
+    for ax in (left, right):
+        for i in range(1, len(domains)):  # where the stream switches domain
+            if domains[i] != domains[i - 1]:
+                ax.axvline(i + 0.5, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("requests served")
+    left.set_ylabel("tau (per window)")
+    right.set_ylabel("output tokens / s (per window)")
+    left.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def add_parser(sub) -> None:
-    from .args import choice_list, existing_dir, positive_int
+    from .args import choice_list, existing_dir, positive_int, prompts_file
 
     p = sub.add_parser("bench-online", help="static vs online adapters on a domain-shift stream (OnlineSpec)")
     p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
                    help="drafter folder (default: the shipped one)")
     p.add_argument("--target", default=None, help="target folder (default: the testbed model)")
+    p.add_argument("--prompts", type=prompts_file, default=None,
+                   help='JSONL of {"prompt", "domain"} requests, served in the file\'s order (default: 200 held-out '
+                        "testbed prompts in shifting domain blocks)")
     p.add_argument("--algorithms", type=choice_list("--algorithms", ALGORITHMS), default=",".join(ALGORITHMS))
-    p.add_argument("--quick", action="store_true", help="2 prompts per domain, 48 new tokens")
-    p.add_argument("--per-domain", type=positive_int("--per-domain"), default=None)
+    p.add_argument("--update-mode", choices=("request", "background", "round"), default="request",
+                   help="when the adapter learns (OnlineSpecConfig.update_mode)")
+    p.add_argument("--hybrid", action="store_true", help="serve with the default path (lookup and plain rounds)")
+    p.add_argument("--quick", action="store_true", help="a short stream: 2 prompts per domain, 32 new tokens")
+    p.add_argument("--per-block", type=positive_int("--per-block"), default=None,
+                   help="requests per domain block of the default stream (default 25)")
+    p.add_argument("--cycles", type=positive_int("--cycles"), default=None,
+                   help="times the default stream goes through the domains (default 2)")
     p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=None)
     p.add_argument("--learning-rate", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", type=Path, default=None, help="write the JSON here")
-    p.add_argument("--plot", type=Path, default=None, help="write tau over time (PNG) here")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the models run (auto: the accelerator when there is one, else the CPU)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--output", type=Path, default=None, help="write the JSON here")
+    p.add_argument("--plot", type=Path, default=None, help="write tau and tokens/s over time (PNG) here")
 
 
 def main(args) -> dict:
+    from ..testbed import read_prompts_jsonl
     from .models import load_models
 
-    target, tokenizer, drafter = load_models(args.target, args.drafter, torch.float32, args.device)
-    result = run_online_bench(target, tokenizer, drafter, [a.strip() for a in args.algorithms.split(",")],
-                              quick=args.quick, seed=args.seed, per_domain=args.per_domain,
-                              max_new_tokens=args.max_new_tokens, learning_rate=args.learning_rate)
+    target, tokenizer, drafter = load_models(args.target, args.drafter, getattr(torch, args.dtype), args.device)
+    records = read_prompts_jsonl(args.prompts) if args.prompts else None
+    result = run_online_bench(target, tokenizer, drafter, args.algorithms.split(","), records=records,
+                              quick=args.quick, seed=args.seed, per_block=args.per_block, cycles=args.cycles,
+                              max_new_tokens=args.max_new_tokens, learning_rate=args.learning_rate,
+                              update_mode=args.update_mode, hybrid=args.hybrid)
+    result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+                        "prompts": str(args.prompts or "shift_stream()")}
     print_online(result)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

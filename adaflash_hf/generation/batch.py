@@ -48,6 +48,7 @@ from .cost_model import cost_model_for, synchronize
 from .dispatch import check_pair
 from .drafting import LengthChooser, draft_logits, noise_embeds, pick_drafts
 from .lookup import BatchLookup
+from .policy import LEARNING_EXPLORE
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
@@ -118,6 +119,7 @@ class BatchRun:
     done: list[bool] = field(default_factory=list)
     start: float = 0.0  # perf_counter at the start of the run; token times are relative to it
     now: float = 0.0  # the current round's commit time (seconds from `start`)
+    sequence_context: dict = field(default_factory=dict)  # prompt -> context chunks (OnlineSpec sequence learning)
 
     def remaining(self, prompt_idx: list[int]) -> list[int]:
         return [self.max_new - len(self.outputs[i]) for i in prompt_idx]
@@ -170,6 +172,7 @@ class AdaFlashBatchGenerator:
             self.max_drafts = min(self.block_size - 1, self.knobs.num_assistant_tokens or self.block_size)
             self.drafter_param = next(drafter.parameters())
         self.online = self.runtime.online_adapter if self.runtime is not None else None
+        self.learn_rounds = self.online is not None and not self.online.learns_from_sequences
         self._active: BatchState | None = None
 
     @property
@@ -288,8 +291,11 @@ class AdaFlashBatchGenerator:
             batch.drafter = RaggedCache(DFlashCache(config=self.drafter.config), dmask)
             batch.drafter.check_layers()
             ctx = self._context(out.hidden_states)
-            if self.online is not None:  # the window each row's drafting forward is replayed on
+            if self.learn_rounds:  # the window each row's drafting forward is replayed on
                 batch.start_window(self.online.config.context_window, ctx.shape[-1], ctx.dtype, ctx.device)
+            elif self.online is not None:  # the whole request is learned from once served
+                for r, i in enumerate(prompt_idx):
+                    run.sequence_context[i] = [ctx[r][mask[r].to(ctx.device)]]
             batch.add_context(ctx, mask, pos)
         run.stats.prefill_forwards += 1
         end = self._clock()
@@ -344,7 +350,8 @@ class AdaFlashBatchGenerator:
             lookups = run.lookup.propose(batch.prompt_tensor, torch.tensor(budgets, device=self.device))
             lookup_lens = lookups[1].tolist()
         policy = self.runtime.policy_for(self.knobs)
-        arm = policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost, allow_no_draft=self.knobs.allow_no_draft)
+        arm = policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost, allow_no_draft=self.knobs.allow_no_draft,
+                            explore_every=LEARNING_EXPLORE if self.online is not None else None)
         return arm, lookups
 
     def _draft(self, run: BatchRun, batch: BatchState, budgets: list[int], lookups) -> Proposals:
@@ -448,7 +455,7 @@ class AdaFlashBatchGenerator:
                 run.stats.drafter_forwards += 1
                 drafted = [n if s == "drafter" else 0 for n, s in zip(lengths_l, proposals.sources)]
                 run.lengths.update(drafted, accepted_l)
-                if self.online is not None:  # before add_context: each row's window ends at its anchor
+                if self.learn_rounds:  # before add_context: each row's window ends at its anchor
                     start = self._clock()
                     from .feedback import batch_feedback
 
@@ -457,7 +464,11 @@ class AdaFlashBatchGenerator:
                     run.stats.seconds["online"] += self._clock() - start
             keep = int(accepted.max()) + 1
             ctx_mask = (j[None, :keep] <= accepted[:, None]).to(batch.drafter.mask.device)
-            batch.add_context(self._context(out.hidden_states)[:, :keep], ctx_mask, out.position_ids[:, :keep])
+            context = self._context(out.hidden_states)[:, :keep]
+            batch.add_context(context, ctx_mask, out.position_ids[:, :keep])
+            if self.online is not None and not self.learn_rounds:
+                for r, (i, a) in enumerate(zip(batch.prompt_idx, accepted_l)):
+                    run.sequence_context[i].append(context[r, : a + 1])
         if run.lookup is not None:  # the rows' texts grow by their committed tokens
             new = torch.cat([proposals.drafts, next_tok[:, None]], dim=1).scatter(1, accepted[:, None], next_tok[:, None])
             run.lookup.append(batch.prompt_tensor, new, accepted + 1)
@@ -474,6 +485,23 @@ class AdaFlashBatchGenerator:
             stats.accepted[i].append(a)
             stats.sources[i].append(source)
             self._commit(run, i, row_drafts[:a] + [token])
+            if run.done[i] and i in run.sequence_context:
+                self._learn_request(run, i)
+
+    def _learn_request(self, run: BatchRun, i: int) -> None:
+        """A row is served: hand the whole request to the OnlineSpec adapter (`online/feedback.py`)."""
+        from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
+
+        start = self._clock()
+        stats, chunks = run.stats, run.sequence_context.pop(i)
+        drafted = [(a, v) for a, v, s in zip(stats.accepted[i], stats.verified[i], stats.sources[i]) if s == "drafter"]
+        feedback = SequenceFeedback.from_sequence(
+            self.drafter, self.embeddings, torch.tensor(run.prompts[i] + run.outputs[i]), torch.cat(chunks),
+            len(run.prompts[i]), sum(a for a, _ in drafted), sum(v for _, v in drafted),
+            self.online.config.anchors_per_update,
+            torch.Generator().manual_seed(self.online.config.seed + self.online.stats.rounds))
+        self.online.observe_sequence(feedback, self.lm_head)
+        stats.seconds["online"] += self._clock() - start
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _next_tokens(self, run: BatchRun, logits: torch.Tensor) -> torch.Tensor:

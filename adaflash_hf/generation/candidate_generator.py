@@ -29,6 +29,7 @@ from torch import nn
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 
 from .cost_model import cost_model_for
+from .policy import LEARNING_EXPLORE
 from .drafting import LengthChooser, draft_logits, finite_prefix, to_full_vocab
 from .runtime import generation_config_of, runtime_of
 from .stats import SpeculationStats
@@ -76,7 +77,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
                                      knobs.assistant_confidence_threshold)
         if self.lengths.uses_head:
             self.lengths.cost = self.cost_model()
-        self.online = runtime.online_adapter  # OnlineSpec: learns from every drafter round's verification
+        self.online = runtime.online_adapter  # OnlineSpec: learns from the served request, or from every round
+        self.learn_rounds = self.online is not None and not self.online.learns_from_sequences
+        self._sequence: list[torch.Tensor] = []  # every context chunk of the request (sequence learning)
+        self._input_ids: torch.Tensor | None = None  # the sequence after the last verification
+        self._prompt_len: int | None = None
         self._last: tuple[str, int] | None = None  # (source, drafted tokens) of the round being verified
         self._pending: list[torch.Tensor] = []  # target context not yet seen by the drafter
         self._block_in_cache = False
@@ -104,6 +109,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         """Return `(input_ids + candidates [1, cur_len + n], candidate logits [1, n, vocab] or None)`."""
         start = time.perf_counter()
         if is_first_iteration:  # the loop's first forward is the target's prefill
+            self._prompt_len = input_ids.shape[1]
             return input_ids, None
         self._collect_context(input_ids, model_outputs, n_last_matches)
         if self._deferred is not None:  # logits processors were active: learn from the raw logits of last round
@@ -123,7 +129,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         lookup_len = 0 if lookup_ids is None else lookup_ids.shape[1] - input_ids.shape[1]
         allow = self.knobs.allow_no_draft
         arm = self.policy.choose([0], [lookup_len], [budget], self.cost_model() if allow else None,
-                                 allow_no_draft=allow)
+                                 allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None)
         if arm == "lookup":
             return self._propose(lookup_ids, None, "lookup", start)
         if arm == "plain":
@@ -131,7 +137,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
 
         # A single online adapter learns from this very forward: it is recorded with gradients (exact: the cached
         # context keys/values do not depend on the adapter), so learning costs one backward and no replay.
-        learn = self.online is not None and self.online.learns_from_draft
+        learn = self.learn_rounds and self.online.learns_from_draft
         with torch.enable_grad() if learn else contextlib.nullcontext():
             states = self._draft_block(input_ids, model_kwargs)[:, 1 : 1 + budget]
             logits, vocab_ids = draft_logits(self.assistant_model, states, self.main_model_output_embeddings)
@@ -178,7 +184,9 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.is_main_model_prefill = False
         context = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1)
         self._pending.append(context.to(device=self.device, dtype=self.drafter_dtype))
-        if self.online is not None:
+        if self.online is not None and not self.learn_rounds:
+            self._sequence.append(self._pending[-1])
+        elif self.online is not None:
             window = self._pending[-1] if self._window is None else torch.cat([self._window, self._pending[-1]], 1)
             self._window = window[:, -self.online.config.context_window :]
 
@@ -210,7 +218,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
                                        position_ids=position_ids.to(self.device), attention_mask=attention_mask,
                                        cache=self.cache)
         self._block_in_cache = True
-        if self.online is not None:  # what the learner needs to replay this draft with gradients
+        if self.learn_rounds:  # what the learner needs to replay this draft with gradients
             window = self._window
             positions = torch.cat([last - window.shape[1] + 1 + torch.arange(window.shape[1], device=last.device),
                                    position_ids[:, -self.block_size :]], dim=-1)
@@ -252,7 +260,8 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         source, n = self._last
         num_matches = int(num_matches)
         self._last = None
-        if self.online is not None and self._online_round is not None and n > 0 and source == "drafter":
+        self._input_ids = input_ids
+        if self.learn_rounds and self._online_round is not None and n > 0 and source == "drafter":
             start = time.perf_counter()
             if self.logits_processor is None or len(self.logits_processor) == 0:
                 self._learn(self._online_round, scores[0, :n], num_matches)  # raw == processed here
@@ -266,6 +275,23 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             self.policy.record([0], [source], [num_matches], [n])
         if source == "drafter":
             self.lengths.update([n], [num_matches])
+
+    def finish(self) -> None:
+        """The request is served: hand it to the online adapter (sequence learning; `online/feedback.py`)."""
+        if self.online is None or self.learn_rounds or self._input_ids is None or not self._sequence:
+            return
+        from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
+
+        start = time.perf_counter()
+        drafted = [(a, d) for a, d, s in zip(self.stats.accepted, self.stats.drafted, self.stats.proposers)
+                   if s == "drafter"]
+        feedback = SequenceFeedback.from_sequence(
+            self.assistant_model, self.main_model_input_embeddings, self._input_ids[0],
+            torch.cat(self._sequence, dim=1)[0], self._prompt_len, sum(a for a, _ in drafted),
+            sum(d for _, d in drafted), self.online.config.anchors_per_update,
+            torch.Generator().manual_seed(self.online.config.seed + self.online.stats.rounds))
+        self.online.observe_sequence(feedback, self.main_model_output_embeddings)
+        self.stats.online_seconds += time.perf_counter() - start
 
     def _learn(self, round_data: tuple, raw_logits: torch.Tensor, num_accepted: int) -> None:
         """Hand one drafter round to the online adapter: its draft replay data and the target's raw logits `[n, V]`."""

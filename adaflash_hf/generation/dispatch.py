@@ -12,7 +12,8 @@ decoding, prompt lookup, ordinary assistant models, `speculation_type="dflash"`,
 * `_get_candidate_generator`: returns `AdaFlashCandidateGenerator` when no other speculation mode was asked for.
   `speculation_type="dflash"` keeps transformers' own `DFlashTokenCandidateGenerator` (the native path).
 * `_assisted_decoding`: adds this call's `SpeculationStats` to the output as `output.speculation_stats` when
-  `return_dict_in_generate=True` (statistics are returned, never left on the drafter).
+  `return_dict_in_generate=True` (statistics are returned, never left on the drafter), and tells our generator when
+  the request is served (an OnlineSpec adapter learns from the whole request then).
 
 `install()` runs on `import adaflash_hf` and is idempotent; `uninstall()` restores the originals; `is_installed()`
 tells. Without the hook, transformers' `custom_generate` route gives the same decoding for one call:
@@ -35,8 +36,9 @@ from .stats import SpeculationStats
 
 DRAFTER_MODEL_TYPE = "adaflash_drafter"
 _ORIGINALS: dict[str, object] = {}
-# The statistics object of the `generate` call running in this context (set by the `_assisted_decoding` wrapper).
-_CALL_STATS: contextvars.ContextVar[SpeculationStats | None] = contextvars.ContextVar("adaflash_stats", default=None)
+# The `generate` call running in this context (set by the `_assisted_decoding` wrapper): its statistics, and the
+# generators made for it (finished when the call ends: a served request is what sequence learning learns from).
+_CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("adaflash_call", default=None)
 
 
 def is_adaflash_drafter(model) -> bool:
@@ -73,15 +75,19 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
 
 def _get_candidate_generator(self, generation_config, *args, assistant_model=None, **kwargs):
     if is_adaflash_drafter(assistant_model) and not _uses_other_speculation(generation_config):
-        return AdaFlashCandidateGenerator(
+        call = _CALL.get()
+        generator = AdaFlashCandidateGenerator(
             assistant_model=assistant_model,
             main_model_input_embeddings=self.get_input_embeddings(),
             main_model_output_embeddings=self.get_output_embeddings(),
             generation_config=generation_config,
             logits_processor=kwargs.get("logits_processor"),
             target=self,
-            stats=_CALL_STATS.get(),
+            stats=None if call is None else call["stats"],
         )
+        if call is not None:
+            call["generators"].append(generator)
+        return generator
     return _ORIGINALS["_get_candidate_generator"](self, generation_config, *args, assistant_model=assistant_model, **kwargs)
 
 
@@ -91,15 +97,17 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     if not is_adaflash_drafter(assistant_model) or _uses_other_speculation(generation_config):
         return original(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
                         assistant_model=assistant_model, **kwargs)
-    stats = SpeculationStats()
-    token = _CALL_STATS.set(stats)
+    call = {"stats": SpeculationStats(), "generators": []}
+    token = _CALL.set(call)
     try:
         result = original(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
                           assistant_model=assistant_model, **kwargs)
+        for generator in call["generators"]:
+            generator.finish()
     finally:
-        _CALL_STATS.reset(token)
+        _CALL.reset(token)
     if not isinstance(result, torch.Tensor):
-        result["speculation_stats"] = stats  # ModelOutput: a new key is also an attribute
+        result["speculation_stats"] = call["stats"]  # ModelOutput: a new key is also an attribute
     return result
 
 

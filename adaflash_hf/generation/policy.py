@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 
 ARMS = ("draft", "lookup", "plain")
+LEARNING_EXPLORE = 4  # while an online adapter learns, a losing drafter arm is retried at least every 4 rounds
 SOURCES = ("drafter", "lookup")
 
 
@@ -92,7 +93,8 @@ class ProposalPolicy:
         return float(cap) if value is None else min(value, float(cap))
 
     # ------------------------------------------------------------------------------------------------ choices
-    def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True) -> str:
+    def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
+               explore_every: int | None = None) -> str:
         """The arm of this round.
 
         Args:
@@ -102,6 +104,8 @@ class ProposalPolicy:
             cost: the `TargetCostModel` of this device (required unless only one arm is possible).
             allow_no_draft: rounds without a drafter forward ("lookup", "plain") may be chosen; otherwise every
                 round with a budget drafts (rows may still verify their lookup continuation instead of the block).
+            explore_every: retry losing arms at least this often (e.g. while an online adapter improves the drafter,
+                so that the policy notices); default `self.explore_every`.
         """
         b = len(rows)
         options = []
@@ -119,10 +123,12 @@ class ProposalPolicy:
                 return self._pick(arm, explore=False)
         scores = {arm: self._score(arm, rows, lookup_lens, budgets, cost, b) for arm in options}
         best = max(options, key=lambda a: scores[a])
+        gap = self.explore_every if explore_every is None else min(explore_every, self.explore_every)
+        cap = self.max_interval if explore_every is None else gap
         for arm in options:  # a losing arm is retried now and then: the traffic may have changed
             state = self.arms[arm]
-            if arm != best and self.round - state.last_round > (state.interval or self.explore_every):
-                state.interval = min(2 * (state.interval or self.explore_every), self.max_interval)
+            if arm != best and self.round - state.last_round > min(state.interval or gap, cap):
+                state.interval = min(2 * (state.interval or gap), cap)
                 return self._pick(arm, explore=True)
         self.arms[best].interval = 0
         return self._pick(best, explore=False)
@@ -166,4 +172,4 @@ class ProposalPolicy:
             self.width = w if self.width is None else self.width + d * (w - self.width)
 
 
-__all__ = ["ARMS", "SOURCES", "ProposalPolicy"]
+__all__ = ["ARMS", "LEARNING_EXPLORE", "SOURCES", "ProposalPolicy"]

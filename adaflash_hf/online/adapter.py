@@ -1,16 +1,16 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""`OnlineSpecAdapter`: a PEFT LoRA adapter on the drafter that learns from every verification round (OnlineSpec).
+"""`OnlineSpecAdapter`: a PEFT LoRA adapter on the drafter that learns from the traffic it serves (OnlineSpec).
 
-Every verification round already computes the target's logits at each drafted position: free supervision on the
-traffic actually served. After a round, the adapter
+Every verification already computes what the drafter should have drafted: free supervision on the traffic actually
+served (`online/feedback.py`). By default (`update_mode="request"`) the adapter learns from each whole served request
+(every committed position is a training anchor) between requests; `"background"` does the same in a worker thread on
+a shadow copy, swapped in one request later (`online/background.py`); `"round"` learns from every drafter round's
+verification on the spot. Each update
 
-1. replays the round's drafting forward WITH gradients, cache-free, on a window of the last `context_window` target
-   hidden states before the anchor (`RoundFeedback`),
-2. scores the drafted positions against the target's raw logits (cross-entropy on the target's greedy token, or
-   reverse KL), up to and including the first rejected position, with DFlash's position decay,
-3. updates the LoRA matrices (`OnlineLearner`: ogd / optimistic, sgd / adam; an ensemble updates each member on
+1. computes the loss of the feedback under the current adapter(s) (the online loss of that step, for regret),
+2. updates the LoRA matrices (`OnlineLearner`: ogd / optimistic, sgd / adam; an ensemble updates each member on
    its own loss and reweights them with Hedge),
-4. checks safety: a non-finite loss or parameter, or a window of rounds whose mean acceptance fell
+3. checks safety: a non-finite loss or parameter, or a window of feedbacks whose mean acceptance fell
    `rollback_drop` below the last good window's, restores the last good snapshot.
 
 The base drafter is never modified: LoRA wraps its linears (PEFT `inject_adapter_in_model`) and `detach()` puts the
@@ -19,7 +19,7 @@ keys/values computed by those alone, so it stays exact after any update (no re-p
 Decoding stays lossless whatever the adapter learns: the target verifies every drafted token.
 
 The adapter lives in the drafter's runtime (`SpeculationRuntime.online_adapter`), so it keeps learning across
-`generate` calls and requests; the candidate generator feeds it (see `generation/candidate_generator.py`).
+`generate` calls and requests; both engines feed it (`generation/candidate_generator.py`, `generation/batch.py`).
 """
 
 import json
@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from peft import LoraConfig
 from peft.functional import get_peft_model_state_dict, inject_adapter_in_model, set_adapter, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
 from ..generation.runtime import SpeculationRuntime
+from .background import BackgroundUpdates
+from .feedback import RoundFeedback, SequenceFeedback, round_loss, sequence_loss
 from .learners import Hedge, OnlineLearner
 from .online_config import CONFIG_NAME, OnlineSpecConfig
 
@@ -49,59 +50,16 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 @dataclass
-class RoundFeedback:
-    """What one verification round of one sequence teaches the drafter.
-
-    Attributes:
-        noise_embeds: `[1, B, H]` the block's query embeddings (anchor + mask tokens), as drafted.
-        context: `[1, W, F]` target hidden states (at `target_layer_ids`) of the `W <= context_window` tokens
-            before the anchor.
-        position_ids: `[1, W + B]` positions of the context tokens, then of the block.
-        target_logits: `[n, V']` the target's raw logits at drafted positions 1..n, restricted to the drafter's
-            draft vocabulary (`V' = draft_vocab_size`, or the full vocabulary).
-        target_tokens: `[n]` index in `V'` of the target's greedy token (-100 where it lies outside the draft vocab).
-        num_accepted: drafted tokens the target accepted this round (`0 <= num_accepted <= n`).
-        draft_logits: optional `[n, V']` drafted logits WITH their autograd graph, from the drafting forward itself
-            (then learning needs no replay forward); used once, for the update of this round, then dropped.
-    """
-
-    noise_embeds: torch.Tensor
-    context: torch.Tensor
-    position_ids: torch.Tensor
-    target_logits: torch.Tensor
-    target_tokens: torch.Tensor
-    num_accepted: int
-    draft_logits: torch.Tensor | None = None
-
-    @property
-    def num_drafted(self) -> int:
-        return self.target_logits.shape[0]
-
-    @classmethod
-    def from_round(cls, drafter, noise_embeds, context, position_ids, raw_logits, num_accepted: int,
-                   draft_logits: torch.Tensor | None = None):
-        """Build from the round's data; `raw_logits` `[n, V]` are the target's logits over its full vocabulary."""
-        raw_logits = raw_logits.detach().float()
-        tokens = raw_logits.argmax(dim=-1)
-        vocab = getattr(drafter, "draft_vocab", None)
-        if vocab is not None:
-            vocab = vocab.to(raw_logits.device)
-            index = torch.full((raw_logits.shape[-1],), -100, dtype=torch.long, device=raw_logits.device)
-            index[vocab] = torch.arange(vocab.numel(), device=raw_logits.device)
-            tokens, raw_logits = index[tokens], raw_logits[:, vocab]
-        return cls(noise_embeds.detach(), context.detach(), position_ids.detach(), raw_logits, tokens,
-                   int(num_accepted), draft_logits)
-
-
-@dataclass
 class OnlineStats:
     """The stream as the learner saw it: one entry per round it learned from."""
 
     losses: list[float] = field(default_factory=list)  # online loss l_t(theta_t), before learning from round t
     acceptance: list[float] = field(default_factory=list)  # accepted / drafted of round t
     accepted: list[int] = field(default_factory=list)
-    update_seconds: float = 0.0
+    update_seconds: float = 0.0  # all learning compute (serving thread and background worker)
+    critical_seconds: float = 0.0  # the part the serving thread spent (sync updates, waiting for the worker, swaps)
     updates: int = 0
+    positions: list[int] = field(default_factory=list)  # drafted positions each update learned from
     rollbacks: list[int] = field(default_factory=list)  # rounds at which a rollback happened
     weights: list[list[float]] = field(default_factory=list)  # Hedge weights after each round (ensemble)
 
@@ -147,15 +105,23 @@ class OnlineSpecAdapter:
         if not self._layers:
             raise ValueError(f"no drafter module matches target_modules={self.config.target_modules}.")
         self._base_scaling = {name: self._layers[0].scaling[name] for name in names}
+        # The module that learns: the live drafter, or (background mode) a shadow copy whose LoRA weights are copied
+        # into the live drafter at fixed points (`online/background.py`).
+        self.trainee, self._train_layers, self.worker = drafter, self._layers, None
+        if self.config.update_mode == "background":
+            self.trainee = _shadow_copy(drafter)
+            self._train_layers = [m for m in self.trainee.modules() if isinstance(m, BaseTunerLayer)]
+            self.worker = BackgroundUpdates()
+        self._requests = 0
         factors = self.config.ensemble_lr_factors if self.config.algorithm == "ensemble" else (1.0,)
         rule = self.config.ensemble_base if self.config.algorithm == "ensemble" else self.config.algorithm
         self.learners = {name: OnlineLearner(self._params(name), rule, self.config.optimizer,
                                              self.config.learning_rate * f) for name, f in zip(names, factors)}
         self.hedge = Hedge(len(names), self.config.hedge_eta)
         self.stats = OnlineStats()
-        self.stream: list[RoundFeedback] = []
-        self._pending: list[RoundFeedback] = []
-        self._recent: list[RoundFeedback] = []
+        self.stream: list[RoundFeedback | SequenceFeedback] = []
+        self._pending: list[RoundFeedback | SequenceFeedback] = []
+        self._recent: list[RoundFeedback | SequenceFeedback] = []
         self._good = self._snapshot()
         self._reference: float | None = None
         self._activate_for_drafting()
@@ -169,6 +135,8 @@ class OnlineSpecAdapter:
 
     def detach(self) -> None:
         """Remove every LoRA layer: the drafter's modules are exactly the original ones again."""
+        self.finish()
+        self.trainee, self._train_layers, self.worker = self.drafter, [], None
         for name, module in list(self.drafter.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, BaseTunerLayer):
@@ -180,59 +148,50 @@ class OnlineSpecAdapter:
             self.drafter.runtime.online_adapter = None
 
     def _params(self, name: str) -> list[torch.Tensor]:
+        """The LoRA matrices of adapter `name` in the module that learns."""
         params = []
-        for layer in self._layers:
+        for layer in self._train_layers:
             params += [layer.lora_A[name].weight, layer.lora_B[name].weight]
         return params
 
-    def _activate(self, names: list[str], scales: dict[str, float] | None = None) -> None:
-        set_adapter(self.drafter, names)
-        for layer in self._layers:
+    def _activate(self, names: list[str], scales: dict[str, float] | None = None, live: bool = False) -> None:
+        """Activate adapters `names` (LoRA deltas scaled by `scales`) in the module that learns, or the live one."""
+        module, layers = (self.drafter, self._layers) if live else (self.trainee, self._train_layers)
+        set_adapter(module, names)
+        for layer in layers:
             for name in names:
                 layer.scaling[name] = self._base_scaling[name] * (scales or {}).get(name, 1.0)
 
     def _activate_for_drafting(self) -> None:
         """Ensemble `mixture`: every member active, its LoRA delta scaled by its Hedge weight; `leader`: the best."""
         names = self.config.adapter_names
+        live = self.trainee is not self.drafter
         if len(names) == 1:
-            self._activate(names)
+            self._activate(names, live=live)
         elif self.config.ensemble_mode == "leader":
-            self._activate([names[self.hedge.leader]])
+            self._activate([names[self.hedge.leader]], live=live)
         else:
-            self._activate(names, dict(zip(names, self.hedge.weights)))
+            self._activate(names, dict(zip(names, self.hedge.weights)), live=live)
+
 
     # ------------------------------------------------------------------------------------------------ learning
     @property
     def learns_from_draft(self) -> bool:
         """Whether the drafting forward itself may be recorded for learning (one adapter, no replay needed)."""
-        return len(self.config.adapter_names) == 1
+        return len(self.config.adapter_names) == 1 and self.config.update_mode == "round"
 
-    def round_loss(self, feedback: RoundFeedback, lm_head, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """Loss of one round under the currently active adapter(s) (a scalar with gradients).
+    @property
+    def learns_from_sequences(self) -> bool:
+        """Whether decoding hands over whole served requests (`observe_sequence`) instead of rounds."""
+        return self.config.update_mode != "round"
 
-        `logits` `[n, V']`: the round's drafted logits if already computed with gradients (else a replay forward).
-        """
-        n = feedback.num_drafted
-        if logits is None:
-            states = self.drafter(noise_embeds=feedback.noise_embeds, context_hidden_states=feedback.context,
-                                  position_ids=feedback.position_ids).last_hidden_state[:, 1 : 1 + n]
-            rows = self._head_rows(lm_head)
-            logits = F.linear(states.to(device=rows.device, dtype=rows.dtype), rows)[0]
-        logits = logits.float()  # [n, V']
-        if self.config.loss == "ce":
-            per = F.cross_entropy(logits, feedback.target_tokens, ignore_index=-100, reduction="none")
-        else:  # KL(q_drafter || p_target) over the draft vocabulary
-            log_q = logits.log_softmax(-1)
-            per = (log_q.exp() * (log_q - feedback.target_logits.log_softmax(-1))).sum(-1)
-        per = per.clamp(max=self.config.kl_clip)
-        k = torch.arange(n, device=per.device, dtype=torch.float32)
-        weights = torch.ones_like(k) if self.config.loss_decay_gamma is None else torch.exp(
-            -k / self.config.loss_decay_gamma)
-        if not self.config.learn_after_rejection:
-            weights = weights * (k <= feedback.num_accepted)  # up to and including the first rejected position
-        if self.config.loss == "ce":
-            weights = weights * (feedback.target_tokens != -100)
-        return (per * weights).sum() / weights.sum().clamp_min(1e-8)
+    def round_loss(self, feedback, lm_head, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Loss of one round or one served request under the active adapter(s) of the module that learns (a scalar
+        with gradients). `logits`: a round's drafted logits if already computed with gradients."""
+        rows = self._head_rows(lm_head)
+        if isinstance(feedback, SequenceFeedback):
+            return sequence_loss(self.trainee, rows, feedback, self.config, getattr(self.drafter, "draft_vocab", None))
+        return round_loss(self.trainee, rows, feedback, self.config, logits)
 
     def _head_rows(self, lm_head) -> torch.Tensor:
         """The target LM head's rows of the draft vocabulary `[V', H]`, cached (built outside inference mode, so
@@ -251,25 +210,78 @@ class OnlineSpecAdapter:
         Works inside `torch.no_grad()` / `torch.inference_mode()` (e.g. within `generate`): learning re-enables
         autograd locally.
         """
+        start = time.perf_counter()
         with torch.inference_mode(False):
             if any(t.is_inference() for t in (feedback.noise_embeds, feedback.context, feedback.target_logits)):
-                feedback = RoundFeedback(*(t.clone() for t in (feedback.noise_embeds, feedback.context,
-                                                                feedback.position_ids, feedback.target_logits,
-                                                                feedback.target_tokens)), feedback.num_accepted)
+                feedback = feedback.detached()
             elif feedback.draft_logits is not None and feedback.draft_logits.grad_fn is None:
                 feedback.draft_logits = None  # no graph to learn through: replay the round instead
-            return self._observe(feedback, lm_head)
+            result = self._observe(feedback, lm_head)
+            self._activate_for_drafting()
+        self.stats.critical_seconds += time.perf_counter() - start
+        return result
+
+    def observe_sequence(self, feedback: SequenceFeedback | None, lm_head) -> dict:
+        """Learn from one served request (`update_mode` "request" or "background"; module docstring of
+        `online/feedback.py`). In background mode the update runs in the worker on the shadow copy, and the previous
+        request's update is copied into the live drafter first (`online/background.py`)."""
+        start = time.perf_counter()
+        self._requests += 1
+        result = {"loss": None, "updated": False, "rolled_back": False}
+        if self.worker is not None:
+            self.worker.wait()
+            self._swap_in()
+        if feedback is not None:
+            with torch.inference_mode(False):
+                if self.worker is None:
+                    result = self._observe(feedback, lm_head)
+                    self._activate_for_drafting()
+                else:
+                    self.worker.submit(lambda: self._observe(feedback, lm_head))
+                    result["submitted"] = True
+        self.stats.critical_seconds += time.perf_counter() - start
+        return result
+
+    def finish(self) -> None:
+        """Wait for a background update and copy it into the live drafter (before saving, or at the end)."""
+        if self.worker is not None:
+            start = time.perf_counter()
+            self.worker.wait()
+            self._swap_in()
+            self.stats.critical_seconds += time.perf_counter() - start
+
+    def _sync_trainee(self) -> None:
+        """Copy the live drafter's LoRA weights into the shadow that learns (background mode)."""
+        if self.trainee is self.drafter:
+            return
+        with torch.no_grad():
+            for live, shadow in zip(self._layers, self._train_layers):
+                for name in self.config.adapter_names:
+                    shadow.lora_A[name].weight.copy_(live.lora_A[name].weight)
+                    shadow.lora_B[name].weight.copy_(live.lora_B[name].weight)
+
+    def _swap_in(self) -> None:
+        """Copy the shadow's LoRA weights into the live drafter and re-weight the ensemble for drafting."""
+        if self.trainee is self.drafter:
+            return
+        with torch.no_grad():
+            for live, shadow in zip(self._layers, self._train_layers):
+                for name in self.config.adapter_names:
+                    live.lora_A[name].weight.copy_(shadow.lora_A[name].weight)
+                    live.lora_B[name].weight.copy_(shadow.lora_B[name].weight)
+        self._activate_for_drafting()
 
     def _observe(self, feedback: RoundFeedback, lm_head) -> dict:
         start = time.perf_counter()
         result = {"loss": None, "updated": False, "rolled_back": False}
-        if feedback.num_drafted == 0:
+        if isinstance(feedback, RoundFeedback) and feedback.num_drafted == 0:
             return result
         if self.config.record_stream:
             self.stream.append(feedback)
         self._pending.append(feedback)
-        self.stats.acceptance.append(feedback.num_accepted / feedback.num_drafted)
-        self.stats.accepted.append(feedback.num_accepted)
+        if feedback.num_drafted:  # a request served without drafter rounds still teaches, but measures nothing
+            self.stats.acceptance.append(feedback.num_accepted / feedback.num_drafted)
+            self.stats.accepted.append(feedback.num_accepted)
         names = self.config.adapter_names
         if len(self._pending) >= self.config.update_every:
             batch = self._pending + self._recent[-self.config.replay_window :] if self.config.replay_window else \
@@ -280,8 +292,8 @@ class OnlineSpecAdapter:
                     self._activate([name])
                     params = self._params(name)
                     # Pending rounds were drafted with the current parameters: their recorded logits are exact.
-                    losses = [self.round_loss(fb, lm_head, fb.draft_logits if len(names) == 1 else None)
-                              for fb in batch]
+                    losses = [self.round_loss(fb, lm_head, getattr(fb, "draft_logits", None) if len(names) == 1
+                                              else None) for fb in batch]
                     loss = torch.stack(losses).mean()
                     # The online loss of round t is the CURRENT round's loss before learning from it.
                     member_losses.append(float(losses[len(self._pending) - 1].detach()))
@@ -301,20 +313,22 @@ class OnlineSpecAdapter:
                     self.learners[name].step([gi * scale for gi in g])
                 self.hedge.update(member_losses)
                 self.stats.updates += 1
+                self.stats.positions.append(sum(fb.positions for fb in batch))
                 result["updated"] = True
                 if not all(torch.isfinite(p).all() for name in names for p in self._params(name)):
                     self._rollback(result)
             for fb in self._pending:
-                fb.draft_logits = None  # their graph is used up (and parameters have moved)
+                if isinstance(fb, RoundFeedback):
+                    fb.draft_logits = None  # their graph is used up (and parameters have moved)
             self._recent = (self._recent + self._pending)[-max(self.config.replay_window, 1) :]
             self._pending = []
         else:  # no update this round: still account its online loss
             with torch.no_grad():
-                logits = None if feedback.draft_logits is None else feedback.draft_logits.detach()
+                logits = getattr(feedback, "draft_logits", None)
+                logits = None if logits is None else logits.detach()
                 result["loss"] = float(self.round_loss(feedback, lm_head, logits))
             self.stats.losses.append(result["loss"])
         self._safety_window(result)
-        self._activate_for_drafting()
         if len(names) > 1:
             self.stats.weights.append(self.hedge.weights)
         self.stats.update_seconds += time.perf_counter() - start
@@ -359,7 +373,9 @@ class OnlineSpecAdapter:
         missing and `from_pretrained` loads the complete `.NAME.tmp-*` sibling (the new adapter), else the newest
         `.NAME.old-*` one (the previous adapter); after the second, `folder` is the new adapter. The next save
         puts `folder` back and deletes the leftovers. Concurrent saves to one folder are not supported.
+        A background update still running is waited for and copied in first: what is saved is the latest adapter.
         """
+        self.finish()
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -436,6 +452,7 @@ class OnlineSpecAdapter:
         if state_path.is_file():
             state = json.loads(state_path.read_text())
             adapter.hedge.cumulative = list(state.get("hedge_cumulative", adapter.hedge.cumulative))
+        adapter._sync_trainee()  # the loaded weights are in the live drafter; a background shadow learns from them
         adapter._good = adapter._snapshot()
         adapter._activate_for_drafting()
         if attach:
@@ -488,9 +505,22 @@ def _recover_saved_folder(folder: Path) -> Path:
     return folder
 
 
+def _shadow_copy(drafter):
+    """A deep copy of the drafter (with its LoRA layers) that a background worker can train; the runtime (which
+    holds the adapter itself) is not copied."""
+    import copy
+
+    runtime, drafter.runtime = drafter.runtime, None
+    try:
+        shadow = copy.deepcopy(drafter)
+    finally:
+        drafter.runtime = runtime
+    return shadow
+
+
 def _runtime_adapter(drafter):
     runtime = getattr(drafter, "runtime", None)
     return None if runtime is None else runtime.online_adapter
 
 
-__all__ = ["OnlineSpecAdapter", "OnlineStats", "RoundFeedback"]
+__all__ = ["OnlineSpecAdapter", "OnlineStats"]

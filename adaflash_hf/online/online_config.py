@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 ALGORITHMS = ("ogd", "optimistic", "ensemble")
+UPDATE_MODES = ("round", "request", "background")
 OPTIMIZERS = ("sgd", "adam")
 LOSSES = ("ce", "reverse_kl")
 
@@ -39,7 +40,16 @@ class OnlineSpecConfig:
         learn_after_rejection (`bool`): also learn from positions after the first rejected one (their target
             distribution is conditioned on a wrong prefix); by default positions up to and including the first
             rejected one are used.
-        update_every (`int`): update every n drafter rounds (gradients of the rounds in between are averaged).
+        update_mode (`str`): when and from what the adapter learns (`online/feedback.py`). `"request"` (default):
+            after each served request, from the whole request (every committed position is a training anchor, as in
+            offline DFlash training: `anchors_per_update` blocks per update), on the serving thread between
+            requests; `"background"`: the same update in a worker thread on a shadow copy of the drafter, copied into
+            the live drafter one request later (`online/background.py`: off the critical path, deterministic);
+            `"round"`: after every drafter round, from that round's verification (`update_every`, `replay_window`,
+            `loss="reverse_kl"` apply), on the critical path.
+        anchors_per_update (`int`): blocks drafted from a served request per update (sequence modes).
+        update_every (`int`): update every n feedbacks (rounds, or requests in the sequence modes; the gradients of
+            the feedbacks in between are averaged).
         replay_window (`int`): also replay this many most recent rounds in every update (0: the current round only).
         context_window (`int`): target-context tokens the learning forward reads before the anchor (the drafting
             forward reads the whole cached context; the learning forward is a truncated, cache-free replica).
@@ -66,6 +76,8 @@ class OnlineSpecConfig:
     kl_clip: float = 10.0
     loss_decay_gamma: float | None = 4.0
     learn_after_rejection: bool = False
+    update_mode: str = "request"
+    anchors_per_update: int = 64
     update_every: int = 1
     replay_window: int = 0
     context_window: int = 64
@@ -84,6 +96,10 @@ class OnlineSpecConfig:
         self.ensemble_lr_factors = tuple(float(f) for f in self.ensemble_lr_factors)
         self.target_modules = tuple(self.target_modules)
         errors = []
+        if self.update_mode not in UPDATE_MODES:
+            errors.append(f"update_mode must be one of {UPDATE_MODES}, got {self.update_mode!r}")
+        if self.update_mode != "round" and self.loss != "ce":
+            errors.append("loss='reverse_kl' needs the target's logits at drafted positions: update_mode='round' only")
         if self.algorithm not in ALGORITHMS:
             errors.append(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -98,7 +114,7 @@ class OnlineSpecConfig:
             errors.append("an ensemble needs at least two ensemble_lr_factors")
         if any(f < 0 for f in self.ensemble_lr_factors):
             errors.append("ensemble_lr_factors must be >= 0")
-        for name in ("update_every", "context_window", "lora_r", "rollback_window"):
+        for name in ("update_every", "context_window", "lora_r", "rollback_window", "anchors_per_update"):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.replay_window < 0 or self.learning_rate < 0 or self.hedge_eta < 0:

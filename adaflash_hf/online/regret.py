@@ -1,6 +1,7 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
 """Regret of an online adapter: its cumulative online loss minus that of the best FIXED adapter in hindsight.
 
+A "round" of the online game is one update's feedback (a drafter round, or a served request in the sequence modes).
 The best fixed adapter is approximated the way one would pick it offline: a fresh LoRA adapter of the same shape is
 fitted to the recorded stream (all rounds, several epochs of Adam) and the lowest total loss it reaches over the
 stream is taken, compared with the zero adapter (the static drafter), which is also a fixed adapter. Because the
@@ -34,6 +35,7 @@ def hindsight_loss(adapter: OnlineSpecAdapter, lm_head, epochs: int = 8, lr: flo
     Returns `{"static": loss of the zero adapter, "fitted": best total loss of the fitted adapter over epochs,
     "best_fixed": min of the two, "rounds": n}`. The online adapter's own state is left untouched.
     """
+    adapter.finish()  # a background update still running belongs to the online run
     rounds = adapter.stream
     if not rounds:
         raise ValueError("no recorded rounds: attach the adapter with OnlineSpecConfig(record_stream=True).")
@@ -41,8 +43,8 @@ def hindsight_loss(adapter: OnlineSpecAdapter, lm_head, epochs: int = 8, lr: flo
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # a second adapter, on purpose
         torch.manual_seed(seed)
-        inject_adapter_in_model(adapter.lora_config, adapter.drafter, adapter_name=HINDSIGHT)
-    layers = adapter._layers
+        inject_adapter_in_model(adapter.lora_config, adapter.trainee, adapter_name=HINDSIGHT)
+    layers = adapter._train_layers
     adapter._base_scaling[HINDSIGHT] = layers[0].scaling[HINDSIGHT]
     try:
         static = stream_loss(adapter, [HINDSIGHT], lm_head, rounds)
@@ -63,8 +65,8 @@ def hindsight_loss(adapter: OnlineSpecAdapter, lm_head, epochs: int = 8, lr: flo
                 learner.step([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
             best = min(best, stream_loss(adapter, [HINDSIGHT], lm_head, rounds))
     finally:
-        set_adapter(adapter.drafter, adapter.config.adapter_names)
-        delete_adapter(adapter.drafter, HINDSIGHT, prefix="lora_")
+        set_adapter(adapter.trainee, adapter.config.adapter_names)
+        delete_adapter(adapter.trainee, HINDSIGHT, prefix="lora_")
         adapter._base_scaling.pop(HINDSIGHT, None)
         adapter._activate_for_drafting()
     return {"static": static, "fitted": best, "best_fixed": min(static, best), "rounds": len(rounds)}

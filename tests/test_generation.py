@@ -196,3 +196,24 @@ def test_draft_vocabulary_is_saved_and_loaded(tmp_path, tiny_target, tiny_drafte
     assert loaded.config.draft_vocab_size == 3 and loaded.draft_vocab.tolist() == [5, 7, 11]
     with pytest.raises(ValueError, match="draft vocabulary"):
         loaded.set_draft_vocab(torch.tensor([VOCAB]))
+
+
+def test_custom_generate_route_works_without_the_global_hook(tiny_target, tiny_drafter):
+    """transformers' `custom_generate` route gives our decoding for one call; the hook is not left installed."""
+    from adaflash_hf import speculative_decoding
+    from adaflash_hf.generation import install, is_installed, uninstall
+
+    prompt = _prompts(1, seed=12)[0]
+    expected = tiny_target.generate(prompt, max_new_tokens=10, do_sample=False)
+    uninstall()
+    try:
+        assert not is_installed()
+        out = tiny_target.generate(prompt, max_new_tokens=10, do_sample=False, custom_generate=speculative_decoding,
+                                   drafter=tiny_drafter, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected) and out.speculation_stats.rounds > 0
+        assert not is_installed()
+        with pytest.raises(TypeError, match="speculation_type='dflash'"):  # without the hook: refused, clearly
+            tiny_target.generate(prompt, max_new_tokens=4, assistant_model=tiny_drafter)
+    finally:
+        install()
+    assert is_installed()

@@ -199,6 +199,11 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
+    def _supports_logits_to_keep(self) -> bool:
+        # transformers asks this of an ordinary assistant model before drafting with it; answering lets it reach
+        # `generate` below, which refuses with a clear message (instead of an AttributeError on this method).
+        return False
+
     def generate(self, *args, **kwargs):
         """Refused: a block drafter drafts from the target's hidden states and cannot decode on its own.
 

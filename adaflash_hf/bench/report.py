@@ -221,23 +221,9 @@ def plot_a(data: dict, path: Path) -> None:
 
 
 def plot_b(data: dict, path: Path) -> None:
-    plt = _pyplot()
-    levels = list(data["detail"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for i, method in enumerate(data["methods"]):
-        style = {"marker": "o", "label": method, "color": f"C{i}"}
-        ax1.plot([int(x) for x in levels], [data["detail"][x][method]["tokens_per_s"] for x in levels], **style)
-        if "verified_per_committed" in data["detail"][levels[0]][method]:
-            ax2.plot([int(x) for x in levels], [data["detail"][x][method]["verified_per_committed"] for x in levels],
-                     **style)
-    for ax, label in ((ax1, "output tokens / s"), (ax2, "verified / committed tokens")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from .serving import plot_serving
+
+    plot_serving(data, path)
 
 
 def plot_c(data: dict, path: Path) -> None:

@@ -219,8 +219,9 @@ def plot_serving(result: dict, path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for method in result["methods"]:
         left.plot(levels, [result["concurrency"][str(x)][method] for x in levels], marker="o", label=method)
-        right.plot(levels, [result["detail"][str(x)][method]["itl_ms"]["p50"] for x in levels], marker="o",
-                   label=method)
+        details = [result["detail"][str(x)][method] for x in levels]
+        if all("itl_ms" in d for d in details):
+            right.plot(levels, [d["itl_ms"]["p50"] for d in details], marker="o", label=method)
     for ax, label in ((left, "output tokens / s"), (right, "inter-token latency p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")

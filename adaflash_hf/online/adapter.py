@@ -250,25 +250,23 @@ class OnlineSpecAdapter:
             self._swap_in()
             self.stats.critical_seconds += time.perf_counter() - start
 
+    def _copy_lora(self, source_layers, target_layers) -> None:
+        with torch.no_grad():
+            for source, target in zip(source_layers, target_layers):
+                for name in self.config.adapter_names:
+                    target.lora_A[name].weight.copy_(source.lora_A[name].weight)
+                    target.lora_B[name].weight.copy_(source.lora_B[name].weight)
+
     def _sync_trainee(self) -> None:
         """Copy the live drafter's LoRA weights into the shadow that learns (background mode)."""
-        if self.trainee is self.drafter:
-            return
-        with torch.no_grad():
-            for live, shadow in zip(self._layers, self._train_layers):
-                for name in self.config.adapter_names:
-                    shadow.lora_A[name].weight.copy_(live.lora_A[name].weight)
-                    shadow.lora_B[name].weight.copy_(live.lora_B[name].weight)
+        if self.trainee is not self.drafter:
+            self._copy_lora(self._layers, self._train_layers)
 
     def _swap_in(self) -> None:
         """Copy the shadow's LoRA weights into the live drafter and re-weight the ensemble for drafting."""
         if self.trainee is self.drafter:
             return
-        with torch.no_grad():
-            for live, shadow in zip(self._layers, self._train_layers):
-                for name in self.config.adapter_names:
-                    live.lora_A[name].weight.copy_(shadow.lora_A[name].weight)
-                    live.lora_B[name].weight.copy_(shadow.lora_B[name].weight)
+        self._copy_lora(self._train_layers, self._layers)
         self._activate_for_drafting()
 
     def _observe(self, feedback: RoundFeedback, lm_head) -> dict:

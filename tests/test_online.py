@@ -424,3 +424,26 @@ def test_shift_stream_blocks_domains_in_order():
     stream = shift_stream(per_block=3, cycles=2)
     assert [r["domain"] for r in stream] == [d for _ in range(2) for d in SHIFT_ORDER for _ in range(3)]
     assert len({r["prompt"] for r in stream}) == len(stream) == 24  # distinct prompts, both cycles
+
+
+def test_background_updates_land_one_request_later_and_keep_sampling_reproducible():
+    def serve(n):
+        target = make_tiny_target(seed=9)
+        drafter = _drafter(target, seed=9)
+        adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(update_mode="background", learning_rate=0.05))
+        live_b = [m.lora_B["online"].weight for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+        moved, outs = [], []
+        torch.manual_seed(3)
+        for i in range(n):
+            outs.append(target.generate(_prompt(seed=i), max_new_tokens=16, do_sample=True, assistant_model=drafter))
+            moved.append(any(b.abs().sum() > 0 for b in live_b))
+        adapter.finish()
+        return outs, moved, adapter
+
+    outs, moved, adapter = serve(4)
+    # request 0's update runs while request 1 is served and lands when request 1 ends: the live drafter drafted
+    # requests 0 and 1 with the initial weights (B = 0), request 2 onwards with learned ones
+    assert moved == [False, True, True, True] and adapter.stats.updates == 4
+    assert adapter.trainee is not adapter.drafter and adapter.stats.critical_seconds < adapter.stats.update_seconds
+    again, _, _ = serve(4)
+    assert all(torch.equal(a, b) for a, b in zip(outs, again))  # same seed, same stream: same samples

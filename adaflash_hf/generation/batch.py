@@ -499,7 +499,7 @@ class AdaFlashBatchGenerator:
             self.drafter, self.embeddings, torch.tensor(run.prompts[i] + run.outputs[i]), torch.cat(chunks),
             len(run.prompts[i]), sum(a for a, _ in drafted), sum(v for _, v in drafted),
             self.online.config.anchors_per_update,
-            torch.Generator().manual_seed(self.online.config.seed + self.online.stats.rounds))
+            torch.Generator().manual_seed(self.online.config.seed + self.online.requests_seen))
         self.online.observe_sequence(feedback, self.lm_head)
         stats.seconds["online"] += self._clock() - start
 

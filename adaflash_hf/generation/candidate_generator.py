@@ -289,7 +289,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             self.assistant_model, self.main_model_input_embeddings, self._input_ids[0],
             torch.cat(self._sequence, dim=1)[0], self._prompt_len, sum(a for a, _ in drafted),
             sum(d for _, d in drafted), self.online.config.anchors_per_update,
-            torch.Generator().manual_seed(self.online.config.seed + self.online.stats.rounds))
+            torch.Generator().manual_seed(self.online.config.seed + self.online.requests_seen))
         self.online.observe_sequence(feedback, self.main_model_output_embeddings)
         self.stats.online_seconds += time.perf_counter() - start
 

@@ -242,6 +242,11 @@ class OnlineSpecAdapter:
         self.stats.critical_seconds += time.perf_counter() - start
         return result
 
+    @property
+    def requests_seen(self) -> int:
+        """Served requests handed to `observe_sequence` so far (counted on the serving thread: deterministic)."""
+        return self._requests
+
     def finish(self) -> None:
         """Wait for a background update and copy it into the live drafter (before saving, or at the end)."""
         if self.worker is not None:

@@ -75,3 +75,23 @@ def test_opd_loss_decreases_on_a_tiny_model(opd_setup):
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) >= 4 and losses[-1] < losses[0]
     assert result.training_loss > 0
+
+
+def test_adaflash_reference_preset_mixes_ce_and_reverse_kl(opd_setup):
+    config = OPDConfig(output_dir=str(opd_setup[3]), preset="adaflash_reference", use_cpu=True, report_to="none")
+    assert (config.temperature, config.lmbda, config.alpha, config.rkl_weight, config.beta) == (0.0, 1.0, 0.8, 0.2, 1.0)
+    with pytest.raises(ValueError, match="preset"):
+        OPDConfig(output_dir=str(opd_setup[3]), preset="nope", use_cpu=True)
+    # the loss is rkl_weight * divergence + alpha * CE: with the divergence weighted 0 it is the CE term alone
+    batch_of = lambda t: t._prepare_inputs(t.data_collator([opd_setup[2][i] for i in range(2)]))  # noqa: E731
+    with torch.no_grad():
+        torch.manual_seed(0)
+        ce_only = _trainer(opd_setup, temperature=0.0, alpha=1.0, rkl_weight=0.0)
+        ce = float(ce_only.compute_loss(ce_only.model, batch_of(ce_only)))
+        torch.manual_seed(0)
+        both = _trainer(opd_setup, temperature=0.0, alpha=1.0, rkl_weight=1.0)
+        mixed = float(both.compute_loss(both.model, batch_of(both)))
+        torch.manual_seed(0)
+        rkl_only = _trainer(opd_setup, temperature=0.0, alpha=0.0, rkl_weight=1.0)
+        rkl = float(rkl_only.compute_loss(rkl_only.model, batch_of(rkl_only)))
+    assert ce > 0 and rkl > 0 and mixed == pytest.approx(ce + rkl, rel=1e-4)

@@ -21,6 +21,12 @@ class OPDConfig(DrafterTrainingConfig):
             few hopeless positions do not dominate a step.
         lmbda (`float`): fraction of blocks whose drafted prefix is on-policy (sampled from the drafter); the
             others are teacher-forced (the prefix is the recorded target response).
+        rkl_weight (`float`): weight of the divergence term (the loss is `rkl_weight * divergence + alpha * CE`).
+        preset (`str`, *optional*): `"adaflash_reference"` runs OPD as the AdaFlash reference does: along the
+            target's own path (anchors on the target's responses), every block drafted greedily by the current
+            drafter (`temperature=0`, `lmbda=1`: the blocks verification would see), loss `0.8 * CE + 0.2 * reverse
+            KL` with the per-token clip (`alpha=0.8`, `rkl_weight=0.2`, `beta=1`). Retrain the length head on the
+            result (`examples/train_length_head.py`), as the reference trains it with the drafter.
     """
 
     temperature: float = field(default=1.0, metadata={"help": "Drafter sampling temperature (0 = greedy)."})
@@ -31,3 +37,16 @@ class OPDConfig(DrafterTrainingConfig):
     num_anchors: int = field(default=12, metadata={"help": "Blocks per sequence per step (the target scores each)."})
     max_length: int = field(default=448, metadata={"help": "Truncate sequences (the target re-reads them)."})
     learning_rate: float = field(default=1e-4, metadata={"help": "Fine-tuning learning rate."})
+    rkl_weight: float = field(default=1.0, metadata={"help": "Weight of the divergence term."})
+    preset: str | None = field(default=None, metadata={"help": "adaflash_reference: 0.8 CE + 0.2 reverse KL on "
+                                                                 "greedy blocks of the current drafter."})
+
+    PRESETS = {"adaflash_reference": {"temperature": 0.0, "lmbda": 1.0, "alpha": 0.8, "rkl_weight": 0.2, "beta": 1.0}}
+
+    def __post_init__(self):
+        if self.preset is not None:
+            if self.preset not in self.PRESETS:
+                raise ValueError(f"preset must be one of {sorted(self.PRESETS)}, got {self.preset!r}")
+            for key, value in self.PRESETS[self.preset].items():
+                setattr(self, key, value)
+        super().__post_init__()

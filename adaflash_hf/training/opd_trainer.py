@@ -10,7 +10,9 @@ One step, for a batch of recorded sequences (prompt + target response, with the 
    (`blocks.score_blocks`), giving `p_T(. | context, drafted prefix)` at every block position;
 4. loss per position = divergence(q_drafter || p_target) computed exactly over the vocabulary, chunked, by TRL's
    `ChunkedDivergenceFunction` (`beta=1`: reverse KL, as `GKDTrainer`'s `beta`), clamped per token at `kl_clip`,
-   weighted by the DFlash position decay, plus `alpha` x cross-entropy on the target's argmax token.
+   weighted by the DFlash position decay and by `rkl_weight`, plus `alpha` x cross-entropy on the target's argmax
+   token (`OPDConfig(preset="adaflash_reference")`: 0.8 CE + 0.2 reverse KL on greedy blocks, as the AdaFlash
+   reference runs it).
 
 Built on `DrafterTrainer` (so transformers' `Trainer` provides the loop, accumulation, checkpoints, `accelerate
 launch`). Overridden, and why: `compute_loss` (TRL's distillation trainers distil a causal student on whole
@@ -84,7 +86,7 @@ class OPDTrainer(DrafterTrainer):
         if self.args.kl_clip is not None:
             divergence = divergence.clamp(max=self.args.kl_clip)
         w = self.position_weights.to(divergence.device)[rows[2]]
-        loss = (divergence * w).sum() / w.sum().clamp_min(1e-8)
+        loss = self.args.rkl_weight * (divergence * w).sum() / w.sum().clamp_min(1e-8)
         if self.args.alpha > 0:
             target_tokens = F.linear(h_t, weight).argmax(dim=-1)
             ce = F.cross_entropy(F.linear(h_s, weight).float(), target_tokens, reduction="none")

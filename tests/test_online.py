@@ -447,3 +447,34 @@ def test_background_updates_land_one_request_later_and_keep_sampling_reproducibl
     assert adapter.trainee is not adapter.drafter and adapter.stats.critical_seconds < adapter.stats.update_seconds
     again, _, _ = serve(4)
     assert all(torch.equal(a, b) for a, b in zip(outs, again))  # same seed, same stream: same samples
+
+
+def test_learning_backs_off_while_it_does_not_pay(monkeypatch):
+    """With `learn_while_paying`, an adapter whose loss on new requests is not below the static drafter's learns
+    from ever fewer requests; once it pays again, from every request."""
+    target = make_tiny_target(seed=6)
+    drafter = _drafter(target, seed=6)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.01, gate_window=2,
+                                                                 gate_max_interval=4))
+    gains = iter([-1.0, -1.0, 5.0] + [1.0] * 20)  # what learning is worth on each new request, scripted
+    monkeypatch.setattr(OnlineSpecAdapter, "_gate", lambda self, fb, head, online: self._learn_interval(next(gains)))
+    learned = []
+    for i in range(9):
+        before = adapter.stats.updates
+        target.generate(_prompt(seed=i), max_new_tokens=10, do_sample=False, assistant_model=drafter)
+        learned.append(adapter.stats.updates > before)
+    # request 0 learns (no gain: every 2nd request), 2 learns (no gain: every 4th), 4 learns and pays: every request
+    assert learned == [True, False, True, False, True, True, True, True, True]
+    assert adapter.stats.skipped == 2
+
+
+def test_the_gate_measures_the_static_drafter_on_the_new_request():
+    target = make_tiny_target(seed=6)
+    drafter = _drafter(target, seed=6)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(learning_rate=0.05, record_stream=True))
+    for i in range(3):
+        target.generate(_prompt(seed=i), max_new_tokens=16, do_sample=False, assistant_model=drafter)
+    # the first update starts from B = 0 (the adapter IS the static drafter): no gain, exactly
+    assert adapter.stats.gains[0] == pytest.approx(0.0, abs=1e-6) and len(adapter.stats.gains) == adapter.stats.updates
+    # later gains are the static loss minus the online loss, both on the request before learning from it
+    assert any(abs(g) > 1e-6 for g in adapter.stats.gains[1:])

@@ -60,6 +60,8 @@ class OnlineStats:
     critical_seconds: float = 0.0  # the part the serving thread spent (sync updates, waiting for the worker, swaps)
     updates: int = 0
     positions: list[int] = field(default_factory=list)  # drafted positions each update learned from
+    gains: list[float] = field(default_factory=list)  # static loss - adapter loss on each new request (gated modes)
+    skipped: int = 0  # served requests not learned from (learning was not paying)
     rollbacks: list[int] = field(default_factory=list)  # rounds at which a rollback happened
     weights: list[list[float]] = field(default_factory=list)  # Hedge weights after each round (ensemble)
 
@@ -113,6 +115,7 @@ class OnlineSpecAdapter:
             self._train_layers = [m for m in self.trainee.modules() if isinstance(m, BaseTunerLayer)]
             self.worker = BackgroundUpdates()
         self._requests = 0
+        self._interval = 1  # learn from every `_interval`-th request (`learn_while_paying`)
         factors = self.config.ensemble_lr_factors if self.config.algorithm == "ensemble" else (1.0,)
         rule = self.config.ensemble_base if self.config.algorithm == "ensemble" else self.config.algorithm
         self.learners = {name: OnlineLearner(self._params(name), rule, self.config.optimizer,
@@ -231,7 +234,9 @@ class OnlineSpecAdapter:
         if self.worker is not None:
             self.worker.wait()
             self._swap_in()
-        if feedback is not None:
+        if feedback is None:
+            self.stats.skipped += 1
+        else:
             with torch.inference_mode(False):
                 if self.worker is None:
                     result = self._observe(feedback, lm_head)
@@ -241,6 +246,14 @@ class OnlineSpecAdapter:
                     result["submitted"] = True
         self.stats.critical_seconds += time.perf_counter() - start
         return result
+
+    @property
+    def wants_feedback(self) -> bool:
+        """Whether the next served request will be learned from (else hand `observe_sequence(None, ...)`, which
+        only counts it: building the feedback can be skipped). In background mode the previous update is waited for
+        and copied in first, so the answer never depends on the worker's progress."""
+        self.finish()
+        return self._requests % self._interval == 0
 
     @property
     def requests_seen(self) -> int:
@@ -305,6 +318,8 @@ class OnlineSpecAdapter:
             online = sum(w * x for w, x in zip(self.hedge.weights, member_losses)) if len(names) > 1 else \
                 member_losses[0]
             result["loss"] = online
+            if isinstance(feedback, SequenceFeedback) and self.config.learn_while_paying:
+                self._gate(feedback, lm_head, online)
             self.stats.losses.append(online)
             if not all(math.isfinite(x) for x in member_losses):
                 self._rollback(result)
@@ -336,6 +351,24 @@ class OnlineSpecAdapter:
             self.stats.weights.append(self.hedge.weights)
         self.stats.update_seconds += time.perf_counter() - start
         return result
+
+    def _gate(self, feedback: SequenceFeedback, lm_head, online: float) -> None:
+        """Does learning pay? Compare with the static drafter on the new request, and set how often to learn."""
+        names = self.config.adapter_names
+        self._activate(names, dict.fromkeys(names, 0.0))  # every LoRA delta off: the static drafter
+        with torch.no_grad():
+            static = float(self.round_loss(feedback, lm_head))
+        self._learn_interval(static - online)
+
+    def _learn_interval(self, gain: float) -> None:
+        """Learn from every request while the mean gain of the last `gate_window` updates is positive; back off
+        (every 2nd, 4th, ... request, at most `gate_max_interval`) while it is not."""
+        self.stats.gains.append(gain)
+        recent = self.stats.gains[-self.config.gate_window :]
+        if sum(recent) > 0:
+            self._interval = 1
+        elif len(recent) * 2 >= self.config.gate_window:
+            self._interval = min(2 * self._interval, self.config.gate_max_interval)
 
     # ------------------------------------------------------------------------------------------------ safety
     def _snapshot(self) -> dict:

@@ -48,6 +48,11 @@ class OnlineSpecConfig:
             `"round"`: after every drafter round, from that round's verification (`update_every`, `replay_window`,
             `loss="reverse_kl"` apply), on the critical path.
         anchors_per_update (`int`): blocks drafted from a served request per update (sequence modes).
+        learn_while_paying (`bool`): sequence modes: learning must pay for itself. Each update also measures the
+            static drafter's loss on the new request (before the adapter learns from it); while the adapter's loss
+            has not been lower on average over the last `gate_window` updates, it learns from every 2nd, 4th, ...
+            request (at most every `gate_max_interval`-th), and from every request again as soon as it pays.
+        gate_window (`int`), gate_max_interval (`int`): see `learn_while_paying`.
         update_every (`int`): update every n feedbacks (rounds, or requests in the sequence modes; the gradients of
             the feedbacks in between are averaged).
         replay_window (`int`): also replay this many most recent rounds in every update (0: the current round only).
@@ -77,7 +82,10 @@ class OnlineSpecConfig:
     loss_decay_gamma: float | None = 4.0
     learn_after_rejection: bool = False
     update_mode: str = "request"
-    anchors_per_update: int = 64
+    anchors_per_update: int = 32
+    learn_while_paying: bool = True
+    gate_window: int = 8
+    gate_max_interval: int = 16
     update_every: int = 1
     replay_window: int = 0
     context_window: int = 64
@@ -114,7 +122,8 @@ class OnlineSpecConfig:
             errors.append("an ensemble needs at least two ensemble_lr_factors")
         if any(f < 0 for f in self.ensemble_lr_factors):
             errors.append("ensemble_lr_factors must be >= 0")
-        for name in ("update_every", "context_window", "lora_r", "rollback_window", "anchors_per_update"):
+        for name in ("update_every", "context_window", "lora_r", "rollback_window", "anchors_per_update",
+                     "gate_window", "gate_max_interval"):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.replay_window < 0 or self.learning_rate < 0 or self.hedge_eta < 0:

@@ -134,7 +134,7 @@ class EvalCurveCallback(TrainerCallback):
         point = {"step": step, "epoch": round(float(state.epoch or 0.0), 4),
                  "wall_seconds": round(time.time() - self._wall, 1)}
         if self.budget is not None:
-            point["train_cpu_seconds"] = round(self.budget.offset + self.budget.cpu_seconds, 1)
+            point["train_cpu_seconds"] = round(self.budget.offset + self.budget.cpu_seconds, 3)
         if losses:
             point["train_loss"] = round(sum(losses) / len(losses), 5)
         point.update({k: round(float(v), 5) for k, v in metrics.items() if isinstance(v, (int, float))})

@@ -13,7 +13,7 @@ While responses are generated, corpus chunks are labelled in between so that cor
 Responses are generated with a `--gen_dtype` copy of the target (bf16: ~2x faster on CPU; the store is keyed by
 that dtype); corpus labels come from the `--label_dtype` target (fp32, the evaluation target). Eval-split prompts and
 eval text are never used (see `adaflash_hf/training/label_corpus.py`). Train on the store with
-`adaflash_hf.training.label_store.select_entries` + `build_label_dataset`.
+`adaflash_hf.training.label_store.select_entries` + `label_hidden.build_label_dataset`.
 """
 
 import argparse

@@ -18,12 +18,11 @@ from adaflash_hf.training.label_corpus import (
     eval_function_signatures,
     filter_sharegpt,
 )
+from adaflash_hf.training.label_hidden import build_label_dataset, hidden_cache_dir
 from adaflash_hf.training.label_store import (
     CORPUS_PROMPT_LEN,
     LabelStore,
-    build_label_dataset,
     corpus_key,
-    hidden_cache_dir,
     response_key,
     response_settings,
     select_entries,

@@ -44,7 +44,9 @@ SETTINGS = {
               "d": {"max_prompts": 1, "max_new_tokens": 32}},
     "full": {"a": {"max_prompts": 3, "max_new_tokens": 128},
              "b": {"levels": [1, 4, 16, 64], "max_new_tokens": 48, "max_requests": 64},
-             "c": {},
+             # 32 requests (4 per domain block, two cycles): the full 200-request stream is `adaflash-hf bench-online`
+             # (hours on 2 CPU cores with four algorithms); the report keeps to about an hour in all.
+             "c": {"per_block": 4, "cycles": 2, "max_new_tokens": 48},
              "d": {"max_prompts": 3, "max_new_tokens": 128}},
 }
 BENCH_D_METHODS = ("plain", "prompt_lookup", "drafter_only", "adaflash")

@@ -5,7 +5,8 @@ from .callbacks import ComputeBudgetCallback, EvalCurveCallback
 from .data import build_training_dataset, generate_responses, record_targets
 from .drafter_config import DrafterTrainingConfig
 from .drafter_trainer import DrafterDataCollator, DrafterTrainer
-from .label_store import LabelStore, build_label_dataset, select_entries
+from .label_hidden import build_label_dataset
+from .label_store import LabelStore, select_entries
 from .opd_config import OPDConfig
 from .opd_trainer import OPDTrainer, reverse_kl_per_token
 from .store_data import StoreTrainingData, split_holdout, store_training_data

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from .data import frequent_tokens
-from .label_store import LabelStore, build_label_dataset, select_entries, store_dir
+from .label_hidden import build_label_dataset
+from .label_store import LabelStore, select_entries, store_dir
 
 
 def is_held_out(entry: dict, holdout_permille: int) -> bool:

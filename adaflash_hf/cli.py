@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .bench.args import concurrency_levels, existing_dir, positive_int, prompts_file
+from .bench.args import concurrency_levels, existing_dir, existing_dir_list, fail, positive_int, prompts_file
 from .bench.models import DEVICES
 
 
@@ -61,7 +61,8 @@ def _compare_parser(sub) -> None:
         description="Greedy speculative decoding with each drafter alone (no prompt lookup, no fallback), on the "
                     "same prompts; reports tau per domain, its mean and standard deviation across domains, and "
                     "identical outputs. Used to compare offline-only and OPD drafters.")
-    p.add_argument("--drafters", required=True, help="comma-separated drafter folders")
+    p.add_argument("--drafters", required=True, type=existing_dir_list("--drafters"),
+                   help="comma-separated drafter folders")
     p.add_argument("--labels", default=None, help="comma-separated names (default: folder names)")
     p.add_argument("--prompts", type=prompts_file, default=None, help="JSONL prompts (default: committed eval prompts)")
     p.add_argument("--max-prompts", type=positive_int("--max-prompts"), default=None,
@@ -130,8 +131,10 @@ def run_compare_command(args) -> dict:
     from .bench.compare import run_compare
     from .bench.models import bench_records
 
-    drafters = [p.strip() for p in args.drafters.split(",") if p.strip()]
+    drafters = args.drafters
     labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
+    if labels is not None and len(labels) != len(drafters):
+        fail("--labels", args.labels, f"{len(labels)} labels for {len(drafters)} drafters")
     return run_compare(drafters, labels, bench_records(args.prompts, args.max_prompts), args.max_new_tokens,
                        args.dtype, args.device, args.repeats, progress=not args.quiet)
 

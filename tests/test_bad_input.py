@@ -81,6 +81,11 @@ def test_bad_concurrency_fails_before_loading(capsys, no_models, value, message)
     (["bench-online", "--per-block", "0"], ["--per-block '0'", "positive integer"]),
     (["bench-online", "--max-new-tokens", "-5"], ["--max-new-tokens '-5'", "positive integer"]),
     (["bench-online", "--drafter", "/no/such/drafter"], ["--drafter '/no/such/drafter'", "no such folder"]),
+    (["compare", "--drafters", ".,/no/such/drafter"], ["--drafters '.,/no/such/drafter'", "no such folder: /no/such/drafter"]),
+    (["compare", "--drafters", " , "], ["--drafters", "expected comma-separated folders"]),
+    (["compare", "--drafters", ".,.", "--labels", "a"], ["--labels 'a'", "1 labels for 2 drafters"]),
+    (["report", "--control-drafter", "/no/such/ctl"], ["--control-drafter '/no/such/ctl'", "no such folder"]),
+    (["report", "--length-head", "/no/such/head"], ["--length-head '/no/such/head'", "no such folder"]),
 ])
 def test_other_bad_options_fail_before_loading(capsys, no_models, argv, fragments):
     _fails_in_one_line(argv, capsys, *fragments)

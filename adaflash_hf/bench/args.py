@@ -152,6 +152,22 @@ def existing_dir(flag: str):
     return check
 
 
+def existing_dir_list(flag: str):
+    """`type=existing_dir_list("--drafters")`: comma-separated folders that all exist; returns the list of texts."""
+
+    def check(text: str) -> list[str]:
+        folders = [part.strip() for part in text.split(",") if part.strip()]
+        if not folders:
+            fail(flag, text, "expected comma-separated folders")
+        missing = [f for f in folders if not Path(f).is_dir()]
+        if missing:
+            fail(flag, text, "no such folder: " + ", ".join(missing))
+        return folders
+
+    check.__name__ = "existing_dir_list"
+    return check
+
+
 def choice_list(flag: str, choices):
     """`type=choice_list("--algorithms", CHOICES)`: comma-separated names from `choices`; returns "a,b"."""
 
@@ -169,6 +185,7 @@ __all__ = [
     "choice_list",
     "concurrency_levels",
     "existing_dir",
+    "existing_dir_list",
     "fail",
     "parse_choice_list",
     "parse_positive_int",

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from ..checkpoints import LENGTH_HEAD, OPD_DRAFTER
-from .args import positive_int
+from .args import existing_dir, positive_int
 from .models import DEVICES
 
 
@@ -504,10 +504,10 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", type=Path, default=Path("docs"), help="where results.md and the PNGs go")
     p.add_argument("--sections", type=_sections_arg, default=SECTIONS, help="subset of a,b,c,d (default: all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--opd-drafter", default=None, help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
-    p.add_argument("--control-drafter", default=None,
+    p.add_argument("--opd-drafter", type=existing_dir("--opd-drafter"), default=None, help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+    p.add_argument("--control-drafter", type=existing_dir("--control-drafter"), default=None,
                    help="offline drafter trained for the same extra compute as OPD; added to section (a)")
-    p.add_argument("--length-head", default=None,
+    p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
                    help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
     p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")
     p.add_argument("--device", choices=DEVICES, default="auto",

@@ -336,3 +336,50 @@ def test_templates_ship_in_the_wheel(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "3.14" in run.stdout and REPO.split("/")[-1] in run.stdout
+
+
+def _code_references(card: str) -> list[tuple[str, str]]:
+    """(object, attribute) pairs the card's python blocks use: `from X import Y` as ("X", "Y"), `Cls.attr` and
+    `Cls(...).attr` for imported names, and `drafter.attr` as ("drafter", attr)."""
+    import ast
+    import re
+
+    refs = []
+    for block in re.findall(r"```python\n(.*?)```", card, flags=re.S):
+        tree = ast.parse(block)
+        imported = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    refs.append((node.module, alias.name))
+                    imported[alias.asname or alias.name] = (node.module, alias.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                base = node.value.func if isinstance(node.value, ast.Call) else node.value
+                if isinstance(base, ast.Name) and (base.id in imported or base.id == "drafter"):
+                    refs.append((imported.get(base.id, base.id), node.attr))
+    return refs
+
+
+def test_card_code_only_uses_what_the_package_has(tmp_path, drafter, head):
+    """Every import and every method the staged cards' code calls exists (a card once told users to call a drafter
+    method that the runtime object had replaced)."""
+    import importlib
+
+    from adaflash_hf.checkpoints import HERE, LENGTH_HEAD
+
+    folder = stage_drafter_repo(drafter, tmp_path / "repo", BENCH, repo_id=REPO, length_head=head, cost_model=COST,
+                                training_method="m", training_data="d")
+    cards = [(folder / "README.md").read_text(), (folder / "length_head" / "README.md").read_text(),
+             (HERE / LENGTH_HEAD / "README.md").read_text()]
+    refs = [ref for card in cards for ref in _code_references(card)]
+    assert any(attr == "attach" for _, attr in refs)  # the runtime is attached in the cards' code
+    for obj, attr in refs:
+        if obj == "drafter":
+            assert hasattr(AdaFlashDrafterModel, attr), f"the cards call drafter.{attr}, which does not exist"
+        elif isinstance(obj, tuple):
+            module, name = obj
+            if module.startswith("adaflash_hf"):
+                assert hasattr(getattr(importlib.import_module(module), name), attr), f"{name}.{attr}"
+        elif obj.startswith("adaflash_hf"):
+            assert hasattr(importlib.import_module(obj), attr), f"from {obj} import {attr}"

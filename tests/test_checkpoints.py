@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 from adaflash_hf import AdaFlashDrafterModel, AdaFlashGenerationConfig
-from adaflash_hf.checkpoints import HERE, OFFLINE_DRAFTER, OPD_DRAFTER, code_copies, stale_copies
+from adaflash_hf.checkpoints import HERE, OFFLINE_DRAFTER, OPD_DRAFTER, OPD_PARENT_DRAFTER, code_copies, stale_copies
 from adaflash_hf.models.drafter.configuration_adaflash_drafter import LEGACY_GENERATION_KEYS
 
 
 def test_code_copies_equal_their_source():
-    assert len(code_copies()) == 6  # two drafters and one length head, two files each
+    assert len(code_copies()) == 8  # three drafters and one length head, two files each
     assert stale_copies() == [], "run `python -m adaflash_hf.checkpoints --fix-copies`"
 
 
@@ -34,7 +34,7 @@ def test_the_check_command_passes_when_clean():
 
 
 def test_shipped_drafter_configs_hold_architecture_only():
-    for name in (OFFLINE_DRAFTER, OPD_DRAFTER):
+    for name in (OFFLINE_DRAFTER, OPD_PARENT_DRAFTER, OPD_DRAFTER):
         config = json.loads((HERE / name / "config.json").read_text())
         assert not set(LEGACY_GENERATION_KEYS) & set(config), name
         knobs = AdaFlashGenerationConfig.from_pretrained(HERE / name)

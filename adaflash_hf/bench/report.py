@@ -340,13 +340,14 @@ def _records(max_prompts):
 
 
 def section_a(args, cfg, models) -> dict:
-    from ..checkpoints import HERE, offline_drafter_dir
+    from ..checkpoints import HERE, opd_parent_dir
     from .compare import run_compare
 
-    offline = offline_drafter_dir()
+    # OPD is judged against the offline drafter it was fine-tuned from (not whatever the default drafter is now)
+    offline = opd_parent_dir()
     opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
     if offline is None:
-        return _not_available("no shipped offline drafter (adaflash_hf/checkpoints)")
+        return _not_available("no shipped offline drafter that the OPD drafter started from (adaflash_hf/checkpoints)")
     if not (opd / "config.json").is_file():
         return _not_available(f"no OPD drafter at {opd} (no config.json): train one with examples/train_opd.py "
                               "and commit it there, or pass --opd-drafter PATH")

@@ -1,7 +1,9 @@
 """Small trained checkpoints shipped with the package (for the testbed target SmolLM2-135M-Instruct).
 
-* `smollm2-135m-instruct-drafter`: the offline (DFlash-recipe) drafter;
-* `smollm2-135m-instruct-drafter-opd`: the same drafter fine-tuned on-policy with reverse KL (AdaFlash part i);
+* `smollm2-135m-instruct-drafter`: the offline (DFlash-recipe) drafter, the default: `-v1` trained further on the
+  label store (more target responses + target-labelled corpus text);
+* `smollm2-135m-instruct-drafter-v1`: the first offline drafter, kept because it is the OPD drafter's parent;
+* `smollm2-135m-instruct-drafter-opd`: `-v1` fine-tuned on-policy with reverse KL (AdaFlash part i);
 * `smollm2-135m-instruct-length-head`: the adaptive length head + the target's cost model (AdaFlash part ii).
 
 `DEFAULT_DRAFTER` is the one the demo and the CLI load when no `--drafter` is given: the better of the two drafters
@@ -16,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OFFLINE_DRAFTER = "smollm2-135m-instruct-drafter"
 OPD_DRAFTER = "smollm2-135m-instruct-drafter-opd"
+OPD_PARENT_DRAFTER = "smollm2-135m-instruct-drafter-v1"  # what OPD_DRAFTER was fine-tuned from (report section (a))
 LENGTH_HEAD = "smollm2-135m-instruct-length-head"
 DEFAULT_DRAFTER = OFFLINE_DRAFTER
 
@@ -33,6 +36,11 @@ def default_drafter_dir() -> Path | None:
 def offline_drafter_dir() -> Path | None:
     """The shipped offline-trained drafter (the baseline of OPD), or None."""
     return _folder(OFFLINE_DRAFTER)
+
+
+def opd_parent_dir() -> Path | None:
+    """The offline drafter the shipped OPD drafter was fine-tuned from (its fair baseline), or None."""
+    return _folder(OPD_PARENT_DRAFTER)
 
 
 def opd_drafter_dir() -> Path | None:
@@ -54,7 +62,7 @@ _CODE = {
     "drafter": ("models/drafter", ("configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py")),
     "length_head": ("models/length_head", ("configuration_adaflash_length_head.py", "modeling_adaflash_length_head.py")),
 }
-_KIND = {OFFLINE_DRAFTER: "drafter", OPD_DRAFTER: "drafter", LENGTH_HEAD: "length_head"}
+_KIND = {OFFLINE_DRAFTER: "drafter", OPD_PARENT_DRAFTER: "drafter", OPD_DRAFTER: "drafter", LENGTH_HEAD: "length_head"}
 
 
 def code_copies() -> list[tuple[Path, Path]]:

@@ -505,7 +505,8 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", type=Path, default=Path("docs"), help="where results.md and the PNGs go")
     p.add_argument("--sections", type=_sections_arg, default=SECTIONS, help="subset of a,b,c,d (default: all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--opd-drafter", type=existing_dir("--opd-drafter"), default=None, help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+    p.add_argument("--opd-drafter", type=existing_dir("--opd-drafter"), default=None,
+                   help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
     p.add_argument("--control-drafter", type=existing_dir("--control-drafter"), default=None,
                    help="offline drafter trained for the same extra compute as OPD; added to section (a)")
     p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,

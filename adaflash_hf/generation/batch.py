@@ -494,8 +494,7 @@ class AdaFlashBatchGenerator:
 
         start = self._clock()
         stats, chunks = run.stats, run.sequence_context.pop(i)
-        if not self.online.wants_feedback:  # learning is not paying: this request only counts
-            self.online.observe_sequence(None, self.lm_head)
+        if self.online.skip_unpaid_request(self.lm_head):  # learning is not paying: this request only counts
             return
         drafted = [(a, v) for a, v, s in zip(stats.accepted[i], stats.verified[i], stats.sources[i]) if s == "drafter"]
         feedback = SequenceFeedback.from_sequence(

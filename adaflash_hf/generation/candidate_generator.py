@@ -280,8 +280,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         """The request is served: hand it to the online adapter (sequence learning; `online/feedback.py`)."""
         if self.online is None or self.learn_rounds or self._input_ids is None or not self._sequence:
             return
-        if not self.online.wants_feedback:  # learning is not paying: this request only counts
-            self.online.observe_sequence(None, self.main_model_output_embeddings)
+        if self.online.skip_unpaid_request(self.main_model_output_embeddings):  # learning is not paying
             return
         from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
 

@@ -247,13 +247,16 @@ class OnlineSpecAdapter:
         self.stats.critical_seconds += time.perf_counter() - start
         return result
 
-    @property
-    def wants_feedback(self) -> bool:
-        """Whether the next served request will be learned from (else hand `observe_sequence(None, ...)`, which
-        only counts it: building the feedback can be skipped). In background mode the previous update is waited for
-        and copied in first, so the answer never depends on the worker's progress."""
+    def skip_unpaid_request(self, lm_head) -> bool:
+        """Called when a request is served, before its feedback is built. While learning does not pay
+        (`learn_while_paying`) and this request is not one to learn from, it is only counted
+        (`observe_sequence(None, ...)`) and True is returned: the caller skips building the feedback. In background
+        mode the previous update is waited for and copied in first, so the answer never depends on the worker."""
         self.finish()
-        return self._requests % self._interval == 0
+        if self._requests % self._interval == 0:
+            return False
+        self.observe_sequence(None, lm_head)
+        return True
 
     @property
     def requests_seen(self) -> int:

@@ -366,6 +366,33 @@ def test_hindsight_needs_a_recorded_stream():
         hindsight_loss(adapter, target.lm_head)
 
 
+@pytest.mark.parametrize("module", ["regret"])
+def test_helper_modules_use_only_the_adapters_public_api(module):
+    """regret.py used to reach into the adapter's private members (`_activate`, `_train_layers`, `_base_scaling`)."""
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"adaflash_hf.online.{module}")))
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id == "adapter" and node.attr.startswith("_")})
+    assert private == []
+
+
+def test_scratch_adapter_is_removed_again_even_after_an_error():
+    target = make_tiny_target()
+    drafter = _drafter(target)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm="ensemble", ensemble_lr_factors=(0, 1)))
+    layer = next(m for m in drafter.modules() if isinstance(m, BaseTunerLayer))
+    scaling = dict(layer.scaling)
+    with pytest.raises(RuntimeError, match="boom"), adapter.scratch_adapter("probe") as params:
+        assert set(layer.lora_A) == {"online_0", "online_1", "probe"} and all(b.abs().sum() == 0 for b in params[1::2])
+        adapter.activate(["probe"])
+        raise RuntimeError("boom")
+    assert set(layer.lora_A) == {"online_0", "online_1"} and layer.scaling == scaling
+    assert sorted(layer.active_adapters) == ["online_0", "online_1"]  # drafting set-up restored
+
+
 def test_learning_works_under_inference_mode():
     target = make_tiny_target()
     drafter = _drafter(target)

@@ -29,12 +29,19 @@ import shutil
 import time
 import uuid
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from peft import LoraConfig
-from peft.functional import get_peft_model_state_dict, inject_adapter_in_model, set_adapter, set_peft_model_state_dict
+from peft.functional import (
+    delete_adapter,
+    get_peft_model_state_dict,
+    inject_adapter_in_model,
+    set_adapter,
+    set_peft_model_state_dict,
+)
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
@@ -118,7 +125,7 @@ class OnlineSpecAdapter:
         self._interval = 1  # learn from every `_interval`-th request (`learn_while_paying`)
         factors = self.config.ensemble_lr_factors if self.config.algorithm == "ensemble" else (1.0,)
         rule = self.config.ensemble_base if self.config.algorithm == "ensemble" else self.config.algorithm
-        self.learners = {name: OnlineLearner(self._params(name), rule, self.config.optimizer,
+        self.learners = {name: OnlineLearner(self.lora_parameters(name), rule, self.config.optimizer,
                                              self.config.learning_rate * f) for name, f in zip(names, factors)}
         self.hedge = Hedge(len(names), self.config.hedge_eta)
         self.stats = OnlineStats()
@@ -127,7 +134,7 @@ class OnlineSpecAdapter:
         self._recent: list[RoundFeedback | SequenceFeedback] = []
         self._good = self._snapshot()
         self._reference: float | None = None
-        self._activate_for_drafting()
+        self.activate_for_drafting()
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -150,12 +157,40 @@ class OnlineSpecAdapter:
         if _runtime_adapter(self.drafter) is self:
             self.drafter.runtime.online_adapter = None
 
-    def _params(self, name: str) -> list[torch.Tensor]:
-        """The LoRA matrices of adapter `name` in the module that learns."""
+    def lora_parameters(self, name: str) -> list[torch.Tensor]:
+        """The LoRA matrices of adapter `name` in the module that learns (A, B of each wrapped linear, in module
+        order)."""
         params = []
         for layer in self._train_layers:
             params += [layer.lora_A[name].weight, layer.lora_B[name].weight]
         return params
+
+    _params = lora_parameters
+
+    def activate(self, names: list[str]) -> None:
+        """Activate adapters `names` (at base scaling) in the module that learns, e.g. to measure one member or a
+        comparator; `activate_for_drafting` restores the drafting set-up."""
+        self._activate(names)
+
+    @contextmanager
+    def scratch_adapter(self, name: str, seed: int = 0):
+        """A fresh LoRA adapter `name` of this adapter's shape in the module that learns (B = 0: it starts as the
+        static drafter), e.g. a comparator fitted in hindsight (`online/regret.py`). Yields its parameters; on exit
+        it is deleted and the adapter(s) are activated for drafting again. The online state is not touched."""
+        if name in self._base_scaling:
+            raise ValueError(f"adapter {name!r} already exists.")
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # a second adapter, on purpose
+            torch.manual_seed(seed)
+            inject_adapter_in_model(self.lora_config, self.trainee, adapter_name=name)
+        self._base_scaling[name] = self._train_layers[0].scaling[name]
+        try:
+            yield self.lora_parameters(name)
+        finally:
+            set_adapter(self.trainee, self.config.adapter_names)
+            delete_adapter(self.trainee, name, prefix="lora_")
+            self._base_scaling.pop(name, None)
+            self.activate_for_drafting()
 
     def _activate(self, names: list[str], scales: dict[str, float] | None = None, live: bool = False) -> None:
         """Activate adapters `names` (LoRA deltas scaled by `scales`) in the module that learns, or the live one."""
@@ -165,7 +200,7 @@ class OnlineSpecAdapter:
             for name in names:
                 layer.scaling[name] = self._base_scaling[name] * (scales or {}).get(name, 1.0)
 
-    def _activate_for_drafting(self) -> None:
+    def activate_for_drafting(self) -> None:
         """Ensemble `mixture`: every member active, its LoRA delta scaled by its Hedge weight; `leader`: the best."""
         names = self.config.adapter_names
         live = self.trainee is not self.drafter
@@ -220,7 +255,7 @@ class OnlineSpecAdapter:
             elif feedback.draft_logits is not None and feedback.draft_logits.grad_fn is None:
                 feedback.draft_logits = None  # no graph to learn through: replay the round instead
             result = self._observe(feedback, lm_head)
-            self._activate_for_drafting()
+            self.activate_for_drafting()
         self.stats.critical_seconds += time.perf_counter() - start
         return result
 
@@ -240,7 +275,7 @@ class OnlineSpecAdapter:
             with torch.inference_mode(False):
                 if self.worker is None:
                     result = self._observe(feedback, lm_head)
-                    self._activate_for_drafting()
+                    self.activate_for_drafting()
                 else:
                     self.worker.submit(lambda: self._observe(feedback, lm_head))
                     result["submitted"] = True
@@ -288,7 +323,7 @@ class OnlineSpecAdapter:
         if self.trainee is self.drafter:
             return
         self._copy_lora(self._train_layers, self._layers)
-        self._activate_for_drafting()
+        self.activate_for_drafting()
 
     def _observe(self, feedback: RoundFeedback, lm_head) -> dict:
         start = time.perf_counter()
@@ -309,7 +344,7 @@ class OnlineSpecAdapter:
             with torch.enable_grad():
                 for name in names:
                     self._activate([name])
-                    params = self._params(name)
+                    params = self.lora_parameters(name)
                     # Pending rounds were drafted with the current parameters: their recorded logits are exact.
                     losses = [self.round_loss(fb, lm_head, getattr(fb, "draft_logits", None) if len(names) == 1
                                               else None) for fb in batch]
@@ -328,7 +363,7 @@ class OnlineSpecAdapter:
                 self._rollback(result)
             else:
                 for name, g in grads.items():
-                    g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self._params(name), g)]
+                    g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.lora_parameters(name), g)]
                     norm = torch.sqrt(sum((gi.float() ** 2).sum() for gi in g))
                     scale = min(1.0, self.config.grad_clip / (float(norm) + 1e-12))
                     self.learners[name].step([gi * scale for gi in g])
@@ -336,7 +371,7 @@ class OnlineSpecAdapter:
                 self.stats.updates += 1
                 self.stats.positions.append(sum(fb.positions for fb in batch))
                 result["updated"] = True
-                if not all(torch.isfinite(p).all() for name in names for p in self._params(name)):
+                if not all(torch.isfinite(p).all() for name in names for p in self.lora_parameters(name)):
                     self._rollback(result)
             for fb in self._pending:
                 if isinstance(fb, RoundFeedback):
@@ -493,7 +528,7 @@ class OnlineSpecAdapter:
             adapter.hedge.cumulative = list(state.get("hedge_cumulative", adapter.hedge.cumulative))
         adapter._sync_trainee()  # the loaded weights are in the live drafter; a background shadow learns from them
         adapter._good = adapter._snapshot()
-        adapter._activate_for_drafting()
+        adapter.activate_for_drafting()
         if attach:
             SpeculationRuntime.of(drafter).online_adapter = adapter
         return adapter

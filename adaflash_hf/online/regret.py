@@ -9,10 +9,7 @@ fit is approximate, the reported regret is an upper bound on the regret against 
 only up to the fit's own optimisation gap; it is what the bench reports, with both terms.
 """
 
-import warnings
-
 import torch
-from peft.functional import delete_adapter, inject_adapter_in_model, set_adapter
 
 from .adapter import OnlineSpecAdapter
 from .learners import OnlineLearner
@@ -23,7 +20,7 @@ HINDSIGHT = "hindsight"
 
 def stream_loss(adapter: OnlineSpecAdapter, names: list[str], lm_head, rounds) -> float:
     """Total loss over `rounds` with adapters `names` active (at base scaling), no gradients."""
-    adapter._activate(names)
+    adapter.activate(names)
     with torch.no_grad():
         return float(sum(float(adapter.round_loss(fb, lm_head)) for fb in rounds))
 
@@ -40,17 +37,8 @@ def hindsight_loss(adapter: OnlineSpecAdapter, lm_head, epochs: int = 8, lr: flo
     if not rounds:
         raise ValueError("no recorded rounds: attach the adapter with OnlineSpecConfig(record_stream=True).")
     # The zero adapter: the online adapter's members have base-scaled deltas; a freshly injected adapter has B = 0.
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # a second adapter, on purpose
-        torch.manual_seed(seed)
-        inject_adapter_in_model(adapter.lora_config, adapter.trainee, adapter_name=HINDSIGHT)
-    layers = adapter._train_layers
-    adapter._base_scaling[HINDSIGHT] = layers[0].scaling[HINDSIGHT]
-    try:
+    with adapter.scratch_adapter(HINDSIGHT, seed=seed) as params:
         static = stream_loss(adapter, [HINDSIGHT], lm_head, rounds)
-        params = []
-        for layer in layers:
-            params += [layer.lora_A[HINDSIGHT].weight, layer.lora_B[HINDSIGHT].weight]
         learner = OnlineLearner(params, "ogd", "adam", lr)
         generator = torch.Generator().manual_seed(seed)
         best = static
@@ -58,17 +46,12 @@ def hindsight_loss(adapter: OnlineSpecAdapter, lm_head, epochs: int = 8, lr: flo
             order = torch.randperm(len(rounds), generator=generator).tolist()
             for start in range(0, len(order), batch_rounds):
                 batch = [rounds[i] for i in order[start : start + batch_rounds]]
-                adapter._activate([HINDSIGHT])
+                adapter.activate([HINDSIGHT])
                 with torch.enable_grad():
                     loss = torch.stack([adapter.round_loss(fb, lm_head) for fb in batch]).mean()
                     grads = torch.autograd.grad(loss, params, allow_unused=True)
                 learner.step([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
             best = min(best, stream_loss(adapter, [HINDSIGHT], lm_head, rounds))
-    finally:
-        set_adapter(adapter.trainee, adapter.config.adapter_names)
-        delete_adapter(adapter.trainee, HINDSIGHT, prefix="lora_")
-        adapter._base_scaling.pop(HINDSIGHT, None)
-        adapter._activate_for_drafting()
     return {"static": static, "fitted": best, "best_fixed": min(static, best), "rounds": len(rounds)}
 
 

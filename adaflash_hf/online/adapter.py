@@ -134,6 +134,7 @@ class OnlineSpecAdapter:
         self._recent: list[RoundFeedback | SequenceFeedback] = []
         self._good = self._snapshot()
         self._reference: float | None = None
+        self._checked = 0  # acceptance rounds when the safety window was last checked
         self.activate_for_drafting()
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -422,9 +423,12 @@ class OnlineSpecAdapter:
 
     def _safety_window(self, result: dict) -> None:
         """Every `rollback_window` rounds: keep a good snapshot, or roll back after a sustained acceptance drop."""
-        window = self.config.rollback_window
-        if len(self.stats.acceptance) % window:
+        window, count = self.config.rollback_window, len(self.stats.acceptance)
+        # Keyed on the window's rounds, not on being called: an update that measured no round (a request served
+        # without drafter rounds) must neither re-check the same window nor re-snapshot its state as "good".
+        if count == self._checked or count % window:
             return
+        self._checked = count
         mean = sum(self.stats.acceptance[-window:]) / window
         if self._reference is not None and mean < (1 - self.config.rollback_drop) * self._reference:
             self._rollback(result)

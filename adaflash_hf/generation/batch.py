@@ -115,6 +115,7 @@ class BatchRun:
     lengths: LengthChooser | None = None
     lookup: BatchLookup | None = None
     cost: object | None = None
+    policy: object | None = None  # the run's ProposalPolicy (`SpeculationRuntime.policy_for_call`)
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
     start: float = 0.0  # perf_counter at the start of the run; token times are relative to it
@@ -231,8 +232,7 @@ class AdaFlashBatchGenerator:
         if knobs.hybrid_lookup:
             run.lookup = BatchLookup(run.prompts, run.max_new, knobs.prompt_lookup_num_tokens,
                                      knobs.max_matching_ngram_size, run.eos, self.device)
-        policy = runtime.policy_for(knobs)
-        policy.start_run()
+        run.policy = runtime.policy_for_call(knobs)
         head = runtime.length_head
         lengths = LengthChooser(knobs.length_policy, head, None, self.block_size, knobs.assistant_confidence_threshold)
         if knobs.allow_no_draft or lengths.uses_head:
@@ -349,9 +349,9 @@ class AdaFlashBatchGenerator:
         if run.lookup is not None:
             lookups = run.lookup.propose(batch.prompt_tensor, torch.tensor(budgets, device=self.device))
             lookup_lens = lookups[1].tolist()
-        policy = self.runtime.policy_for(self.knobs)
-        arm = policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost, allow_no_draft=self.knobs.allow_no_draft,
-                            explore_every=LEARNING_EXPLORE if self.online is not None else None)
+        arm = run.policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost,
+                                allow_no_draft=self.knobs.allow_no_draft,
+                                explore_every=LEARNING_EXPLORE if self.online is not None else None)
         return arm, lookups
 
     def _draft(self, run: BatchRun, batch: BatchState, budgets: list[int], lookups) -> Proposals:
@@ -371,9 +371,8 @@ class AdaFlashBatchGenerator:
         sources = ["drafter" if n else "none" for n in lengths.tolist()]
         one_hot = None
         if lookups is not None and m > 0 and int(lookups[1].max()) > 0:
-            policy = self.runtime.policy_for(self.knobs)
             cut = lookups[1].clamp(max=m)
-            swap = [policy.row_source(i, k, n) == "lookup"
+            swap = [run.policy.row_source(i, k, n) == "lookup"
                     for i, k, n in zip(batch.prompt_idx, cut.tolist(), lengths.tolist())]
             if any(swap):
                 one_hot = torch.tensor(swap, dtype=torch.bool, device=self.device)
@@ -449,8 +448,7 @@ class AdaFlashBatchGenerator:
         accepted_l, lengths_l = accepted.tolist(), proposals.lengths.tolist()
         if self.drafter is not None:
             if proposals.arm != "plain":
-                self.runtime.policy_for(self.knobs).record(batch.prompt_idx, proposals.sources, accepted_l,
-                                                           lengths_l)
+                run.policy.record(batch.prompt_idx, proposals.sources, accepted_l, lengths_l)
             if proposals.arm == "draft":
                 run.stats.drafter_forwards += 1
                 drafted = [n if s == "drafter" else 0 for n, s in zip(lengths_l, proposals.sources)]

@@ -64,8 +64,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
                                  or generation_config.assistant_ensemble_weight is not None)
         self.stats = stats if stats is not None else SpeculationStats()
         self.max_drafts = min(self.block_size - 1, knobs.num_assistant_tokens or self.block_size)
-        self.policy = runtime.policy_for(knobs)
-        self.policy.start_run()
+        self.policy = runtime.policy_for_call(knobs)  # the runtime's, or a copy of it ("transient" schedule)
         self.lookup = None
         if knobs.hybrid_lookup:  # transformers' own n-gram lookup over the prompt + generated text
             self.lookup = PromptLookupCandidateGenerator(

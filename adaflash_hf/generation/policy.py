@@ -14,18 +14,23 @@ seconds from the device-calibrated `TargetCostModel` (drafting step + a verify f
 choice depends only on counts and the cost model: with the same seed, starting state and cost model, the same
 output comes back under any machine load.
 
-The estimates adapt across `generate` calls (they describe drafter + target + traffic) when the policy is kept in a
-`SpeculationRuntime`; `reset()` forgets them and `frozen=True` stops them from changing. An arm not chosen for
-`explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
-`max_interval`); untried arms come first.
+The estimates and the exploration schedule (round counter, retry intervals) adapt across `generate` calls (they
+describe drafter + target + traffic) when the policy is kept in a `SpeculationRuntime` and the generation config's
+`policy_schedule` is `"persistent"` (the default); with `"transient"` every call starts from the same state (the
+runtime's policy is left untouched, the call works on a copy), so the same seed gives the same text. An arm not
+chosen for `explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
+`max_interval`); untried arms come first. `reset()` forgets everything; `frozen=True` fixes the whole state: nothing
+is recorded, no round is counted, nothing is explored, and each round takes the arm with the best prediction.
 
 Nothing here can change the output: every proposal is verified by the target.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 
 ARMS = ("draft", "lookup", "plain")
+SCHEDULES = ("persistent", "transient")  # AdaFlashGenerationConfig.policy_schedule
 LEARNING_EXPLORE = 4  # while an online adapter learns, a losing drafter arm is retried at least every 4 rounds
 SOURCES = ("drafter", "lookup")
 
@@ -45,7 +50,8 @@ class ProposalPolicy:
         decay: weight of the newest round in the moving averages.
         explore_every: try an arm again after this many rounds without it.
         max_interval: longest gap between retries of a losing arm.
-        frozen: keep the estimates fixed (choices still follow them).
+        frozen: keep the whole state fixed (estimates, round counter, retry intervals): no exploration, each round
+            takes the arm with the best prediction.
     """
 
     decay: float = 0.3
@@ -60,8 +66,17 @@ class ProposalPolicy:
 
     @classmethod
     def from_generation_config(cls, config) -> "ProposalPolicy":
-        return cls(decay=float(getattr(config, "policy_decay", 0.3)),
-                   explore_every=int(getattr(config, "policy_explore_every", 16)))
+        return cls().configure(config)
+
+    def configure(self, config) -> "ProposalPolicy":
+        """Take the generation config's knobs (`policy_decay`, `policy_explore_every`); estimates are kept."""
+        self.decay = float(getattr(config, "policy_decay", 0.3))
+        self.explore_every = int(getattr(config, "policy_explore_every", 16))
+        return self
+
+    def copy(self) -> "ProposalPolicy":
+        """An independent copy of the whole state (a `"transient"` call decodes with one)."""
+        return copy.deepcopy(self)
 
     def reset(self) -> None:
         """Forget every estimate (the next rounds explore again)."""
@@ -115,7 +130,10 @@ class ProposalPolicy:
             if max(lookup_lens, default=0) > 0:
                 options.append("lookup")
             options.append("plain")
-        self.round += 1
+        if len(options) > 1 and self.frozen:  # no state change, no exploration: the best prediction
+            return max(options, key=lambda a: self._score(a, rows, lookup_lens, budgets, cost, b))
+        if not self.frozen:
+            self.round += 1
         if len(options) == 1:
             return options[0]
         for arm in options:  # untried arms first
@@ -172,4 +190,4 @@ class ProposalPolicy:
             self.width = w if self.width is None else self.width + d * (w - self.width)
 
 
-__all__ = ["ARMS", "LEARNING_EXPLORE", "SOURCES", "ProposalPolicy"]
+__all__ = ["ARMS", "LEARNING_EXPLORE", "SCHEDULES", "SOURCES", "ProposalPolicy"]

@@ -4,13 +4,15 @@
 A drafter's checkpoint holds its architecture (`config.json`), weights and decoding knobs
 (`generation_config.json`, `AdaFlashGenerationConfig`). Three more things take part in decoding and are not part
 of the drafter: an adaptive length head, the target's cost model on this device, and an OnlineSpec adapter; plus
-the proposal policy's estimates, which adapt across calls. They live in one explicit runtime object, attached to the
-drafter's declared `runtime` attribute (as PEFT keeps runtime-only settings out of what `to_dict()` saves):
+the proposal policy's state, which adapts across calls (unless the generation config's `policy_schedule` is
+`"transient"`). They live in one explicit runtime object, attached to the drafter's declared `runtime` attribute (as
+PEFT keeps runtime-only settings out of what `to_dict()` saves):
 
 ```python
 runtime = SpeculationRuntime(length_head=head, cost_model=TargetCostModel.load(".../cost_model.json"))
 runtime.attach(drafter)          # generate(assistant_model=drafter) and generate_batch now use them
-runtime.policy.reset()           # forget what the policy learned about this traffic; .frozen = True to fix it
+SpeculationRuntime.of(drafter).policy.reset()  # forget what the policy learned; .frozen = True to fix it (works on
+                                               # a freshly loaded drafter too: an empty runtime is attached first)
 ```
 
 Per-call statistics are not kept here: `generate(..., return_dict_in_generate=True)` returns them as
@@ -18,9 +20,9 @@ Per-call statistics are not kept here: `generate(..., return_dict_in_generate=Tr
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .policy import ProposalPolicy
+from .policy import SCHEDULES, ProposalPolicy
 
 
 @dataclass
@@ -32,13 +34,18 @@ class SpeculationRuntime:
         cost_model: a `TargetCostModel`; applied only on the device/dtype/threads it was measured on (otherwise one
             measured on the current device is used and cached, see `cost_model.cost_model_for`).
         online_adapter: an `OnlineSpecAdapter` learning from every verification round, or None.
-        policy: the proposal policy's estimates (adapt across calls; `reset()`, `frozen`).
+        policy: the proposal policy's state (adapts across calls with `policy_schedule="persistent"`; `reset()`,
+            `frozen`). Its knobs (`decay`, `explore_every`) follow the generation config of each call.
     """
 
     length_head: object | None = None
     cost_model: object | None = None
     online_adapter: object | None = None
-    policy: ProposalPolicy | None = None
+    policy: ProposalPolicy = field(default_factory=ProposalPolicy)
+
+    def __post_init__(self):
+        if self.policy is None:
+            self.policy = ProposalPolicy()
 
     def attach(self, drafter) -> "SpeculationRuntime":
         """Make this the runtime of `drafter` (its declared `runtime` attribute). Returns self."""
@@ -59,11 +66,23 @@ class SpeculationRuntime:
             runtime = cls().attach(drafter) if hasattr(drafter, "runtime") else cls()
         return runtime
 
-    def policy_for(self, generation_config) -> ProposalPolicy:
-        """The policy (created from the generation config's knobs on first use)."""
+    def policy_for_call(self, generation_config) -> ProposalPolicy:
+        """The policy one `generate` call decodes with, per-row estimates cleared (`start_run`).
+
+        The generation config's knobs apply to the runtime's policy at every call (a later change of
+        `policy_decay` / `policy_explore_every` takes effect; estimates are kept). `policy_schedule="persistent"`:
+        the runtime's policy itself, so what the call learns carries over; `"transient"`: a copy of it, so every call
+        starts from the same state.
+        """
+        schedule = getattr(generation_config, "policy_schedule", "persistent")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"policy_schedule must be one of {SCHEDULES}, got {schedule!r}")
         if self.policy is None:
-            self.policy = ProposalPolicy.from_generation_config(generation_config)
-        return self.policy
+            self.policy = ProposalPolicy()
+        self.policy.configure(generation_config)
+        policy = self.policy.copy() if schedule == "transient" else self.policy
+        policy.start_run()
+        return policy
 
 
 def runtime_of(drafter) -> SpeculationRuntime:

@@ -158,10 +158,16 @@ class AdaFlashGenerationConfig(GenerationConfig):
             With `hybrid_lookup=False` and `allow_no_draft=False` every round drafts.
         policy_decay (`float`): weight of the newest round in the policy's moving averages.
         policy_explore_every (`int`): an option not chosen for this many rounds is tried again.
+        policy_schedule (`str`): `"persistent"` (default): the proposal policy's state (estimates, round counter,
+            retry intervals; kept in the drafter's `SpeculationRuntime`) carries over from call to call, adapting to
+            the traffic; `"transient"`: every call starts from the same policy state (the call decodes with a copy
+            of the runtime's policy, which it leaves untouched), so the same seed gives the same text, like
+            transformers' `num_assistant_tokens_schedule="heuristic_transient"`.
     """
 
     def __init__(self, length_policy: str = "auto", hybrid_lookup: bool = True, allow_no_draft: bool = True,
-                 policy_decay: float = 0.3, policy_explore_every: int = 16, **kwargs):
+                 policy_decay: float = 0.3, policy_explore_every: int = 16, policy_schedule: str = "persistent",
+                 **kwargs):
         kwargs.setdefault("prompt_lookup_num_tokens", 10)
         kwargs.setdefault("max_matching_ngram_size", 2)
         kwargs.setdefault("assistant_confidence_threshold", 0.4)
@@ -170,6 +176,9 @@ class AdaFlashGenerationConfig(GenerationConfig):
         self.allow_no_draft = bool(allow_no_draft)
         self.policy_decay = float(policy_decay)
         self.policy_explore_every = int(policy_explore_every)
+        self.policy_schedule = policy_schedule
+        if policy_schedule not in ("persistent", "transient"):
+            raise ValueError(f"policy_schedule must be 'persistent' or 'transient', got {policy_schedule!r}")
         super().__init__(**kwargs)
 
     def validate(self, strict: bool = False, user_set_attributes: set[str] | None = None):

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from ..utils.cache import cache_dir
+
 
 logger = logging.getLogger(__name__)
 
@@ -246,8 +248,6 @@ def cost_key(target, drafter=None) -> str:
 
 
 def _cache_path(target, drafter) -> Path:
-    from ..testbed.cache import cache_dir
-
     name = device_name(target.device).replace(":", "-").replace(" ", "_").replace("/", "_")
     return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
 

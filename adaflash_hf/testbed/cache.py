@@ -25,15 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..utils.cache import CACHE_ENV_VAR, cache_dir
+from ..utils.cache import file_lock as _file_lock
 
-try:  # POSIX only; on other platforms the lock degrades to a no-op.
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None
-
-
-CACHE_ENV_VAR = "ADAFLASH_HF_CACHE"
-"""Environment variable that overrides the cache root (default ``~/.cache/adaflash_hf``)."""
 
 logger = logging.getLogger("adaflash_hf.testbed")
 if not logger.handlers:
@@ -101,36 +95,14 @@ PINNED_ARTIFACTS: dict[str, PinnedArtifact] = {
 """Archives the testbed downloads, keyed by PyPI project name."""
 
 
-def cache_dir() -> Path:
-    """Return (and create) the cache root: ``$ADAFLASH_HF_CACHE`` or ``~/.cache/adaflash_hf``."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    root = Path(override).expanduser() if override else Path.home() / ".cache" / "adaflash_hf"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if missing) for the ``with`` block.
+def file_lock(path: Path):
+    """Hold an exclusive ``fcntl`` lock on ``path`` (created if missing) for the ``with`` block
+    (:func:`adaflash_hf.utils.cache.file_lock`; the cache root is :func:`adaflash_hf.utils.cache.cache_dir`).
 
     A process that has to wait logs it once, so a slow first-time conversion in another process does
     not look like a hang.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        if fcntl is None:  # pragma: no cover
-            yield
-            return
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("Waiting for %s (another process is preparing the testbed)...", path)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return _file_lock(path, "Waiting for %s (another process is preparing the testbed)...", logger)
 
 
 @contextlib.contextmanager

@@ -236,8 +236,7 @@ class AdaFlashBatchGenerator:
         head = runtime.length_head
         lengths = LengthChooser(knobs.length_policy, head, None, self.block_size, knobs.assistant_confidence_threshold)
         if knobs.allow_no_draft or lengths.uses_head:
-            sizes = sorted({1 << k for k in range(cap.bit_length()) if 1 << k <= cap} | {cap})
-            run.cost = lengths.cost = cost_model_for(self.target, self.drafter, batch_sizes=sizes,
+            run.cost = lengths.cost = cost_model_for(self.target, self.drafter, batch_sizes=(1, cap),
                                                      candidate=runtime.cost_model)
         run.lengths = lengths
 

@@ -11,7 +11,16 @@ device, dtype and CPU threads it was measured with: numbers from a 2-core CPU sa
 of 1-16 tokens x 1-64 rows costs about the same (launch-bound). `calibrate` measures it (synchronizing the device
 before every clock read, so GPU timings are kernels, not launches); `cost_model_for` returns the one measured for
 the current target/drafter/device/dtype/threads from a cache under `~/.cache/adaflash_hf/cost_models`, calibrating
-it once (seconds) when missing and saying so in the log. A cost model from another device is never applied silently.
+it when missing and saying so in the log. A cost model from another device is never applied silently.
+
+Calibration is bounded: it measures the corners a call needs, rows `1` and the call's batch size `B`, verify widths
+`1` and the drafter's block (`calibration_tokens`), and interpolates everything in between (`interpolated()` lists
+those points; the saved JSON records both). A later call with more rows measures only its own size. Each point is
+timed a few times, or once when a single run already exceeds `budget_s`; the context cache is prefilled for one row
+and repeated to `B` rows (so `B` x context tokens are never prefilled), and random inputs come from a private
+generator (the global RNG, and so the seeded outputs of the call that calibrates, are untouched). One calibration at
+a time per cache file: `cost_model_for` holds an `fcntl` lock next to it; a thread or process that waited reads
+what the first one wrote. `adaflash-hf calibrate` measures ahead of serving.
 
 `verify_lengths(survival, budgets, cost, ...)` is the one length rule of both engines (bs=1 is `b = 1`): the padded
 verify forward costs the same for every row, so all rows verify `min(M, budget_r)` drafted tokens with the `M`
@@ -30,13 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from ..utils.cache import cache_dir
+from ..utils.cache import cache_dir, file_lock
 
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
+POINT_BUDGET_S = 1.0  # a point whose first run takes longer is timed once
 
 
 def synchronize(device) -> None:
@@ -112,6 +123,25 @@ class TargetCostModel:
     def batch_sizes(self) -> list[int]:
         return sorted(self.points)
 
+    def num_tokens(self) -> list[int]:
+        """Every verify width measured (for some batch size)."""
+        return sorted({n for row in self.points.values() for n in row})
+
+    def is_measured(self, num_tokens: int, batch_size: int = 1) -> bool:
+        return num_tokens in self.points.get(batch_size, {})
+
+    def interpolated(self) -> dict[str, dict[int, dict[int, float]]]:
+        """What the model fills in between its measured points: `{"points": {b: {n: seconds}}, "draft": {b: s}}`
+        over batch sizes 1, 2, 4, ... up to the largest measured one and widths 1 .. the widest measured one."""
+        if not self.points:
+            return {"points": {}, "draft": {}}
+        top = max(self.points)
+        sizes = sorted({1 << k for k in range(top.bit_length()) if 1 << k <= top} | set(self.points))
+        widths = range(1, max(self.num_tokens()) + 1)
+        points = {b: {n: self.seconds(n, b) for n in widths if not self.is_measured(n, b)} for b in sizes}
+        draft = {b: self.draft_seconds(b) for b in sizes if self.draft and b not in self.draft}
+        return {"points": {b: row for b, row in points.items() if row}, "draft": draft}
+
     def covers(self, batch_size: int, drafts: bool = False) -> bool:
         """Whether batch sizes 1..`batch_size` lie within the measured ones (and drafting steps, with `drafts`)."""
         sizes = [self.points] + ([self.draft] if drafts else [])
@@ -130,46 +160,74 @@ class TargetCostModel:
     # ------------------------------------------------------------------------------------------------ measuring
     @classmethod
     @torch.inference_mode()
-    def calibrate(cls, target, drafter=None, num_tokens=DEFAULT_NUM_TOKENS, batch_sizes=(1,),
-                  context_length: int = 256, repeats: int = 3) -> "TargetCostModel":
+    def calibrate(cls, target, drafter=None, num_tokens=None, batch_sizes=(1,), context_length: int = 256,
+                  repeats: int = 3, budget_s: float = POINT_BUDGET_S, progress: bool = True,
+                  seed: int = 0) -> "TargetCostModel":
         """Time target verify forwards (and drafting steps, with `drafter`) on the target's device.
 
-        Each point is the median of `repeats` timed runs after one warm-up; the device is synchronized before every
-        clock read.
+        Args:
+            num_tokens: verify widths to measure (default `calibration_tokens(drafter)`: 1 and the block).
+            batch_sizes: rows to measure (`cost_model_for` asks for 1 and the call's batch size).
+            repeats: a point is the median of this many timed runs after one warm-up, fewer once the runs of the
+                point took `budget_s` seconds, and the warm-up alone when it took that long.
+            progress: show a progress bar over the points.
+            seed: of the private generator drawing the random inputs (the global RNG is not touched).
+        The device is synchronized before every clock read.
         """
         from transformers import DynamicCache
 
         device = target.device
         vocab = target.config.get_text_config().vocab_size
+        num_tokens = calibration_tokens(drafter) if num_tokens is None else tuple(num_tokens)
+        rng = torch.Generator().manual_seed(seed)
         points: dict[int, dict[int, float]] = {}
         draft: dict[int, float] = {}
 
+        def once(fn) -> float:
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            return time.perf_counter() - start
+
         def timed(fn) -> float:
+            spent = once(fn)  # warm-up
+            if spent >= budget_s:  # a slow point: first-call overheads are small next to it
+                return spent
             times = []
-            for _ in range(repeats + 1):
-                synchronize(device)
-                start = time.perf_counter()
-                fn()
-                synchronize(device)
-                times.append(time.perf_counter() - start)
-            times = sorted(times[1:])
+            for _ in range(repeats):
+                times.append(once(fn))
+                spent += times[-1]
+                if spent >= budget_s:
+                    break
+            times.sort()
             return times[len(times) // 2]
 
+        bar = tqdm(total=len(batch_sizes) * (len(num_tokens) + (drafter is not None)), disable=not progress,
+                   desc=f"calibrating the cost model on {device_name(device)}", unit="point", leave=False)
         for b in batch_sizes:
-            ctx = torch.randint(0, vocab, (b, context_length), device=device)
+            ctx = torch.randint(0, vocab, (1, context_length), generator=rng).to(device)
             cache = DynamicCache(config=target.config)
             target(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
+            if b > 1:  # every row shares the one prefilled context: B x context tokens are never prefilled
+                cache.batch_repeat_interleave(b)
             points[b] = {}
             for n in num_tokens:
-                new = torch.randint(0, vocab, (b, n), device=device)
+                bar.set_postfix(rows=b, tokens=n)
+                new = torch.randint(0, vocab, (b, n), generator=rng).to(device)
 
                 def verify():
                     target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
                     cache.crop(-n)
 
                 points[b][n] = timed(verify)
+                bar.update()
+            del cache
             if drafter is not None:
+                bar.set_postfix(rows=b, drafting=True)
                 draft[b] = timed(_drafting_step(target, drafter, b))
+                bar.update()
+        bar.close()
         return cls(points=points, draft=draft, context_length=context_length, device=device_name(device),
                    dtype=str(target.dtype).replace("torch.", ""), threads=torch.get_num_threads(),
                    key=cost_key(target, drafter),
@@ -182,6 +240,7 @@ class TargetCostModel:
         if self.covers(max(batch_sizes, default=1), drafts=drafter is not None):
             missing = []
         if missing:
+            kwargs.setdefault("num_tokens", self.num_tokens() or None)
             more = type(self).calibrate(target, drafter, batch_sizes=missing, context_length=self.context_length,
                                         **kwargs)
             self.points.update(more.points)
@@ -190,9 +249,10 @@ class TargetCostModel:
 
     # ------------------------------------------------------------------------------------------------ storing
     def to_dict(self) -> dict:
+        """`points` / `draft`: the measured seconds; `interpolated`: what the model fills in between (not read back)."""
         return {"points": self.points, "draft": self.draft, "context_length": self.context_length,
                 "device": self.device, "dtype": self.dtype, "threads": self.threads, "key": self.key,
-                "description": self.description}
+                "description": self.description, "interpolated": self.interpolated()}
 
     def save(self, path) -> None:
         path = Path(path)
@@ -247,18 +307,28 @@ def cost_key(target, drafter=None) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def _cache_path(target, drafter) -> Path:
+def calibration_tokens(drafter=None) -> tuple[int, int]:
+    """The verify widths calibration measures: 1 and the widest a round verifies (the drafter's block: its drafted
+    tokens + the row's own; 16 without a drafter)."""
+    return (1, int(drafter.config.block_size) if drafter is not None else DEFAULT_NUM_TOKENS[-1])
+
+
+def cache_path(target, drafter=None) -> Path:
+    """Where `cost_model_for` caches the cost model of this target/drafter on the target's device and threads."""
     name = device_name(target.device).replace(":", "-").replace(" ", "_").replace("/", "_")
     return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
 
 
 def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCostModel | None = None,
-                   calibrate: bool = True) -> TargetCostModel | None:
+                   calibrate: bool = True, progress: bool = True) -> TargetCostModel | None:
     """The cost model of `target` (+ `drafter`) on the target's current device, dtype and CPU threads.
 
     `candidate` (e.g. one shipped with a length head) is used when it was measured on this device/dtype/threads and
-    covers `batch_sizes`. Otherwise the cached measurement for this setup is loaded, extended to missing batch sizes,
-    or calibrated anew (logged), then cached. `calibrate=False` returns None instead of measuring.
+    covers `batch_sizes`. Otherwise the cached measurement for this setup (`cache_path`) is loaded; when it does not
+    reach `max(batch_sizes)` rows (or there is none), rows 1 and `max(batch_sizes)` are measured (logged, with a
+    progress bar unless `progress=False`), under a file lock so that only one thread or process measures at a time
+    (the others wait, then read what it wrote), and cached. `calibrate=False` returns the cached model or None
+    instead of measuring.
     """
     dtype, threads = target.dtype, torch.get_num_threads()
     if candidate is not None and candidate.describes(target.device, dtype, threads):
@@ -268,20 +338,24 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
         logger.warning("cost model measured on %s (%s, threads=%s) does not describe %s (%s, threads=%s): using one "
                        "measured here instead", candidate.device or "an unknown device", candidate.dtype or "?",
                        candidate.threads or "?", device_name(target.device), dtype, threads)
-    path = _cache_path(target, drafter)
+    path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
     model = TargetCostModel.load(path) if path.is_file() else None
-    if model is not None and model.covers(max(batch_sizes), drafts=drafter is not None):
+    if not calibrate or (model is not None and model.covers(needed, drafts=drafts)):
         return model
-    if not calibrate:
-        return model
-    start = time.perf_counter()
-    if model is None:
-        model = TargetCostModel.calibrate(target, drafter, batch_sizes=tuple(batch_sizes))
-    else:
-        model.extend(target, drafter, batch_sizes=batch_sizes)
-    model.save(path)
-    logger.warning("calibrated the target's cost model on %s for batch sizes %s in %.1f s (cached in %s)",
-                   model.device, sorted(model.points), time.perf_counter() - start, path)
+    with file_lock(path.with_name(path.name + ".lock"), "waiting for %s: another calibration of this cost model",
+                   logger):
+        model = TargetCostModel.load(path) if path.is_file() else None  # written while this one waited?
+        if model is not None and model.covers(needed, drafts=drafts):
+            return model
+        start, sizes = time.perf_counter(), sorted({1, needed})
+        if model is None:
+            model = TargetCostModel.calibrate(target, drafter, batch_sizes=sizes, progress=progress)
+        else:
+            model.extend(target, drafter, batch_sizes=sizes, progress=progress)
+        model.save(path)
+    logger.warning("calibrated the target's cost model on %s for batch sizes %s in %.1f s (measured %s, the rest "
+                   "interpolated; cached in %s)", model.device, sizes, time.perf_counter() - start,
+                   {b: sorted(row) for b, row in sorted(model.points.items())}, path)
     return model
 
 
@@ -317,5 +391,5 @@ def best_length(survival: torch.Tensor, cost: TargetCostModel | None, fixed_seco
     return int(verify_lengths(survival.reshape(1, -1), budget, cost, fixed_seconds)[0])
 
 
-__all__ = ["TargetCostModel", "best_length", "cost_key", "cost_model_for", "device_name", "synchronize",
-           "verify_lengths"]
+__all__ = ["TargetCostModel", "best_length", "cache_path", "calibration_tokens", "cost_key", "cost_model_for",
+           "device_name", "synchronize", "verify_lengths"]

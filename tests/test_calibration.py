@@ -1,0 +1,165 @@
+"""Calibrating the target's cost model: bounded points, interpolation, one calibration per cache file, the CLI."""
+
+import json
+import threading
+
+import pytest
+import torch
+
+from adaflash_hf import SpeculationRuntime, generate_batch
+from adaflash_hf.generation import cost_model as cost_module
+from adaflash_hf.generation.cost_model import TargetCostModel, cache_path, cost_model_for
+
+from .conftest import build_drafter, device_cost, make_tiny_target, speculate
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAFLASH_HF_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _pair(block_size=5, **knobs):
+    target = make_tiny_target(seed=50, num_layers=1)
+    return target, build_drafter(target, block_size=block_size, **knobs)
+
+
+def _fake_model(points, target, drafter):
+    return TargetCostModel(points=points, draft={b: 0.01 * b for b in points}, device=cost_module.device_name("cpu"),
+                           dtype="float32", threads=torch.get_num_threads(), key=cost_module.cost_key(target, drafter))
+
+
+def test_calibration_measures_rows_1_and_b_and_widths_1_and_the_block():
+    target, drafter = _pair(block_size=5)
+    forwards = []
+    target.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)),
+                                     with_kwargs=True)
+    cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 8), context_length=16, repeats=3,
+                                     budget_s=0.0, progress=False)
+    assert {b: sorted(row) for b, row in cost.points.items()} == {1: [1, 5], 8: [1, 5]} and sorted(cost.draft) == [1, 8]
+    # budget 0: every point is one run; each batch size prefills ONE row of context (then repeated to b rows)
+    assert forwards == [(1, 16), (1, 1), (1, 5), (1, 16), (8, 1), (8, 5)]
+
+
+def test_the_rest_is_interpolated_as_computed_by_hand(cache):
+    target, drafter = _pair(block_size=5)
+    cost = TargetCostModel(points={1: {1: 1.0, 5: 3.0}, 8: {1: 8.0, 5: 22.0}}, draft={1: 0.5, 8: 4.0})
+    # rows 1: 1.0 + (3.0 - 1.0) * (3 - 1) / (5 - 1) = 2.0; rows 8: 8.0 + 14.0 * 2 / 4 = 15.0
+    # rows 4: 2.0 + (15.0 - 2.0) * (4 - 1) / (8 - 1) = 7.571428...
+    assert cost.seconds(3, 4) == pytest.approx(2.0 + 13.0 * 3 / 7)
+    assert cost.draft_seconds(2) == pytest.approx(0.5 + 3.5 / 7)
+    table = cost.interpolated()
+    assert sorted(table["points"]) == [1, 2, 4, 8] and sorted(table["draft"]) == [2, 4]
+    assert sorted(table["points"][1]) == [2, 3, 4] and sorted(table["points"][4]) == [1, 2, 3, 4, 5]
+    assert table["points"][4][3] == pytest.approx(2.0 + 13.0 * 3 / 7)
+    assert cost.is_measured(5, 8) and not cost.is_measured(3, 8) and not cost.is_measured(1, 4)
+    path = cache / "model.json"
+    cost.save(path)
+    saved = json.loads(path.read_text())
+    assert saved["points"] == {"1": {"1": 1.0, "5": 3.0}, "8": {"1": 8.0, "5": 22.0}}  # measured
+    assert saved["interpolated"]["points"]["4"]["3"] == pytest.approx(2.0 + 13.0 * 3 / 7)
+    assert TargetCostModel.load(path).points == cost.points  # what is read back: the measured points only
+
+
+def test_a_call_measures_its_own_batch_size_once_and_others_when_first_needed(cache, monkeypatch):
+    target, drafter = _pair(allow_no_draft=True)
+    calls = []
+
+    def fake(cls, target, drafter=None, batch_sizes=(1,), num_tokens=None, **kwargs):
+        calls.append(list(batch_sizes))
+        widths = num_tokens or cost_module.calibration_tokens(drafter)
+        return _fake_model({b: {n: 0.01 * b * n for n in widths} for b in batch_sizes}, target, drafter)
+
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
+    prompts = [[1 + i, 2, 3, 4] for i in range(16)]
+    assert generate_batch(target, drafter, prompts, 3) == generate_batch(target, None, prompts, 3)
+    assert calls == [[1, 16]]  # not 1, 2, 4, 8, 16
+    generate_batch(target, drafter, prompts[:8], 3)  # within the measured rows: interpolated, nothing measured
+    cost_model_for(target, drafter, batch_sizes=(1, 32))  # more rows: only the new size is measured
+    assert calls == [[1, 16], [32]]
+    saved = TargetCostModel.load(cache_path(target, drafter))
+    assert sorted(saved.points) == [1, 16, 32] and sorted(saved.points[32]) == [1, 5]
+
+
+def test_one_calibration_at_a_time_per_cache_file(cache, monkeypatch):
+    """Two threads calibrate the same cache file: one measures, the other waits and reads what it wrote."""
+    target, drafter = _pair()
+    entered, calls = [], []
+    real_lock = cost_module.file_lock
+
+    def spy_lock(path, *args):
+        entered.append(threading.current_thread().name)  # before the lock is taken
+        return real_lock(path, *args)
+
+    def fake(cls, target, drafter=None, batch_sizes=(1,), **kwargs):
+        calls.append(threading.current_thread().name)
+        for _ in range(500):  # until the other thread is at the lock (10 s at most): then both overlap
+            if len(entered) >= 2:
+                break
+            threading.Event().wait(0.02)
+        return _fake_model({b: {1: 0.1 * b, 5: 0.2 * b} for b in batch_sizes}, target, drafter)
+
+    monkeypatch.setattr(cost_module, "file_lock", spy_lock)
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
+    results = {}
+
+    def work(name):
+        results[name] = cost_model_for(target, drafter, batch_sizes=(1, 4), progress=False)
+
+    threads = [threading.Thread(target=work, args=(name,), name=name) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(entered) == 2 and len(calls) == 1
+    assert results["a"].to_dict() == results["b"].to_dict()
+    assert TargetCostModel.load(cache_path(target, drafter)).points == results["a"].points
+
+
+def test_calibrating_leaves_the_global_rng_alone(cache):
+    target, drafter = _pair()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    cost_model_for(target, drafter, batch_sizes=(1, 2), progress=False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+COSTS = {
+    "cheap drafting": device_cost({1: {1: 1.0, 5: 1.1}, 4: {1: 1.2, 5: 1.3}}, draft=0.05),
+    "dear drafting": device_cost({1: {1: 1.0, 5: 1.1}, 4: {1: 1.2, 5: 1.3}}, draft=50.0),
+    "width-bound": device_cost({1: {1: 1.0, 5: 9.0}, 4: {1: 4.0, 5: 36.0}}, draft=0.3),
+    "flat (GPU-like)": device_cost({1: {1: 0.02, 16: 0.02}, 64: {1: 0.02, 16: 0.021}}, draft=0.001),
+}
+
+
+def test_outputs_equal_plain_greedy_whatever_the_cost_model():
+    target = make_tiny_target(seed=51)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], [9, 8, 9, 8, 9, 8], [4, 4, 4, 4]]
+    plain = generate_batch(target, None, prompts, 12)
+    choices = {}
+    for name, cost in COSTS.items():
+        drafter = build_drafter(target, block_size=5, seed=3, hybrid_lookup=True, allow_no_draft=True)
+        SpeculationRuntime(cost_model=cost).attach(drafter)
+        rows, stats = generate_batch(target, drafter, prompts, 12, return_stats=True)
+        assert rows == plain, name
+        drafter.runtime.policy.reset()
+        for p, expected in zip(prompts, plain):
+            out, bs1 = speculate(target, torch.tensor([p]), drafter, max_new_tokens=12, do_sample=False)
+            assert out[0, len(p):].tolist() == expected, name
+        choices[name] = (str(stats.sources), str(bs1.proposers))
+    assert len(set(choices.values())) > 1  # the cost models did change the choices
+
+
+def test_library_code_never_imports_the_testbed():
+    import ast
+    from pathlib import Path
+
+    from adaflash_hf.testbed import cache as testbed_cache
+    from adaflash_hf.utils import cache as library_cache
+
+    generation = Path(cost_module.__file__).parent
+    imported = {(f.name, node.module or "") for f in generation.glob("*.py")
+                for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.ImportFrom)}
+    assert not [(f, m) for f, m in imported if "testbed" in m]
+    assert testbed_cache.cache_dir is library_cache.cache_dir  # the testbed builds on the library's helper

@@ -215,7 +215,7 @@ def test_save_load_round_trip(tmp_path, algorithm):
 
 
 def test_crash_mid_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
-    import adaflash_hf.online.adapter as module
+    import adaflash_hf.online.persistence as module
 
     target = make_tiny_target()
     drafter = _drafter(target)
@@ -366,7 +366,7 @@ def test_hindsight_needs_a_recorded_stream():
         hindsight_loss(adapter, target.lm_head)
 
 
-@pytest.mark.parametrize("module", ["regret"])
+@pytest.mark.parametrize("module", ["regret", "persistence"])
 def test_helper_modules_use_only_the_adapters_public_api(module):
     """regret.py used to reach into the adapter's private members (`_activate`, `_train_layers`, `_base_scaling`)."""
     import ast

@@ -18,42 +18,30 @@ original modules back. LoRA is NOT put on `k_proj`, `v_proj` or `fc`: the drafte
 keys/values computed by those alone, so it stays exact after any update (no re-projection, no cache reset).
 Decoding stays lossless whatever the adapter learns: the target verifies every drafted token.
 
+Saving and loading (`save_pretrained` / `from_pretrained`, `online/persistence.py`) keep the whole learner state
+(`training_state`), so a resumed adapter continues exactly as an uninterrupted one would.
+
 The adapter lives in the drafter's runtime (`SpeculationRuntime.online_adapter`), so it keeps learning across
 `generate` calls and requests; both engines feed it (`generation/candidate_generator.py`, `generation/batch.py`).
 """
 
-import json
 import math
-import os
-import shutil
 import time
-import uuid
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from peft import LoraConfig
-from peft.functional import (
-    delete_adapter,
-    get_peft_model_state_dict,
-    inject_adapter_in_model,
-    set_adapter,
-    set_peft_model_state_dict,
-)
+from peft.functional import delete_adapter, inject_adapter_in_model, set_adapter
 from peft.tuners.tuners_utils import BaseTunerLayer
-from safetensors.torch import load_file, save_file
 
 from ..generation.runtime import SpeculationRuntime
 from .background import BackgroundUpdates
-from .feedback import RoundFeedback, SequenceFeedback, round_loss, sequence_loss
+from .feedback import RoundFeedback, SequenceFeedback, feedback_from_state, feedback_state, round_loss, sequence_loss
 from .learners import Hedge, OnlineLearner
-from .online_config import CONFIG_NAME, OnlineSpecConfig
-
-
-STATE_NAME = "online_state.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
+from .online_config import OnlineSpecConfig
+from .persistence import STATE_VERSION, load_adapter, lora_keys, save_adapter
 
 
 @dataclass
@@ -97,10 +85,12 @@ class OnlineSpecAdapter:
         self.drafter = drafter
         self.config = config or OnlineSpecConfig()
         names = self.config.adapter_names
-        lora = LoraConfig(r=self.config.lora_r, lora_alpha=self.config.lora_alpha,
-                          lora_dropout=self.config.lora_dropout, target_modules=list(self.config.target_modules))
+        lora = self.config.lora_config()
         # Only the LoRA matrices learn: PEFT freezes the drafter's own weights; `detach` restores these flags.
         self._frozen = [p for p in drafter.parameters() if p.requires_grad]
+        # PEFT leaves `peft_config` on the model: `detach` restores what was there (usually nothing).
+        config_before = vars(drafter).get("peft_config", _MISSING)
+        self._peft_config = (config_before, dict(config_before) if isinstance(config_before, dict) else None)
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # ensembles: on purpose
             torch.manual_seed(self.config.seed)
@@ -155,12 +145,20 @@ class OnlineSpecAdapter:
         self._layers = []
         for p in self._frozen:
             p.requires_grad_(True)
+        before, entries = self._peft_config
+        if before is _MISSING:
+            vars(self.drafter).pop("peft_config", None)
+        else:
+            if isinstance(before, dict):
+                before.clear()
+                before.update(entries)
+            self.drafter.peft_config = before
         if _runtime_adapter(self.drafter) is self:
             self.drafter.runtime.online_adapter = None
 
     def lora_parameters(self, name: str) -> list[torch.Tensor]:
         """The LoRA matrices of adapter `name` in the module that learns (A, B of each wrapped linear, in module
-        order)."""
+        order; `persistence.lora_keys` names them)."""
         params = []
         for layer in self._train_layers:
             params += [layer.lora_A[name].weight, layer.lora_B[name].weight]
@@ -437,150 +435,105 @@ class OnlineSpecAdapter:
             self._good = self._snapshot()
         self._reference = mean
 
-    # ------------------------------------------------------------------------------------------------ save / load
-    def save_pretrained(self, folder) -> Path:
-        """Crash-safely write the adapter(s) in PEFT format (+ `online_config.json`, `online_state.json`).
+    # ------------------------------------------------------------------------------------------------ state
+    def training_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Everything an exact resume needs besides the LoRA weights (which PEFT saves): `(state, tensors)`.
 
-        One adapter: `adapter_config.json` + `adapter_model.safetensors` in `folder`; an ensemble: one such
-        subfolder per member.
-
-        Crash safety (old or new adapter loadable at every instant): everything is written and fsynced into a
-        sibling `.NAME.tmp-<id>`, whose `online_state.json` is written last (atomically) and marks it complete; then
-        `folder` is renamed aside to `.NAME.old-<id>`, the complete tmp folder renamed to `folder`, and the old one
-        deleted. A crash before the first rename leaves the old `folder`; between the two renames `folder` is
-        missing and `from_pretrained` loads the complete `.NAME.tmp-*` sibling (the new adapter), else the newest
-        `.NAME.old-*` one (the previous adapter); after the second, `folder` is the new adapter. The next save
-        puts `folder` back and deletes the leftovers. Concurrent saves to one folder are not supported.
-        A background update still running is waited for and copied in first: what is saved is the latest adapter.
+        `state` (JSON-able): the request counter (it seeds each request's anchors), the gate's interval, the safety
+        check's reference and last checked window, Hedge's cumulative losses, each learner's step count, the good
+        snapshot's, all `stats`, and an index of the feedback kept for later updates (pending rounds, the replay
+        window, the recorded stream). `tensors`: each learner's optimizer buffers (Adam moments, optimistic hint)
+        named `learner/<member>/<m|v|previous>/<lora key>`, the good snapshot (`good/<member>/<params|...>/...`)
+        and the kept feedback (`feedback/<i>/<field>`). A background update still running is finished first.
         """
         self.finish()
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp = folder.with_name(f".{folder.name}.tmp-{tag}")
-        tmp.mkdir()
-        try:
-            names = self.config.adapter_names
-            for name in names:
-                sub = tmp if len(names) == 1 else tmp / name
-                sub.mkdir(exist_ok=True)
-                self.lora_config.save_pretrained(str(sub))
-                state = get_peft_model_state_dict(self.drafter, adapter_name=name)
-                save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(sub / WEIGHTS_NAME))
-            self.config.save_pretrained(tmp)
-            _fsync_tree(tmp)
-            part = tmp / f".{STATE_NAME}.part"  # the state file goes last, atomically: it marks `tmp` complete
-            part.write_text(json.dumps({
-                "rounds": self.stats.rounds, "updates": self.stats.updates, "rollbacks": self.stats.rollbacks,
-                "hedge_cumulative": self.hedge.cumulative,
-                "learner_steps": {n: l.steps for n, l in self.learners.items()},
-            }, indent=2) + "\n")
-            _fsync(part)
-            os.replace(part, tmp / STATE_NAME)
-            _fsync(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if folder.exists():
-            os.replace(folder, folder.with_name(f".{folder.name}.old-{tag}"))
-        os.replace(tmp, folder)
-        _fsync(folder.parent)
-        for leftover in _save_leftovers(folder):  # this save's old folder, and those of crashed saves
-            shutil.rmtree(leftover, ignore_errors=True)
-        return folder
+        keys, tensors = lora_keys(self.trainee), {}
+
+        def put(prefix: str, learner_state: dict, kinds) -> None:
+            for kind in kinds:
+                tensors.update((f"{prefix}/{kind}/{key}", t) for key, t in zip(keys, learner_state[kind]))
+
+        for name, learner in self.learners.items():
+            put(f"learner/{name}", learner.state_dict(), learner.buffer_names)
+            put(f"good/{name}", self._good["learners"][name], ("params", *learner.buffer_names))
+        kept, index = [], {}
+        recent = self._recent[-self.config.replay_window :] if self.config.replay_window else []
+        for fb in self._pending + recent + self.stream:
+            if id(fb) not in index:
+                index[id(fb)] = len(kept)
+                meta, arrays = feedback_state(fb)
+                tensors.update((f"feedback/{len(kept)}/{k}", t) for k, t in arrays.items())
+                kept.append(meta)
+        state = {
+            "version": STATE_VERSION, "requests_seen": self._requests, "learn_interval": self._interval,
+            "reference": self._reference, "checked": self._checked, "hedge_cumulative": list(self.hedge.cumulative),
+            "learner_steps": {n: lrn.steps for n, lrn in self.learners.items()},
+            "good": {"hedge_cumulative": list(self._good["hedge"]),
+                     "learner_steps": {n: st["steps"] for n, st in self._good["learners"].items()}},
+            "stats": asdict(self.stats), "feedback": kept,
+            **{key: [index[id(fb)] for fb in kept_list] for key, kept_list in
+               (("pending", self._pending), ("recent", recent), ("stream", self.stream))},
+        }
+        return state, tensors
+
+    def load_training_state(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `training_state` returned (on an adapter whose LoRA weights are already the saved ones, in
+        the live drafter). `online/persistence.py` validates both first. A state without `version` (written before
+        the learner state was saved) restores Hedge's weights only."""
+        if self.worker is not None:
+            self.worker.wait()  # a running update is dropped, not copied in: the live weights are the ones to keep
+        self._sync_trainee()
+        if "version" not in state:
+            self.hedge.cumulative = [float(x) for x in state["hedge_cumulative"]]
+            self._good = self._snapshot()
+            self.activate_for_drafting()
+            return
+        keys = lora_keys(self.trainee)
+        device = self._train_layers[0].lora_A[self.config.adapter_names[0]].weight.device
+
+        def get(prefix: str, kind: str) -> list[torch.Tensor]:
+            return [tensors[f"{prefix}/{kind}/{key}"].to(device) for key in keys]
+
+        good = {"learners": {}, "hedge": [float(x) for x in state["good"]["hedge_cumulative"]]}
+        for name, learner in self.learners.items():
+            kinds = learner.buffer_names
+            learner.load_state_dict({"params": [p.detach() for p in learner.params], "m": None, "v": None,
+                                     "previous": None, **{k: get(f"learner/{name}", k) for k in kinds},
+                                     "steps": int(state["learner_steps"][name])})
+            good["learners"][name] = {"m": None, "v": None, "previous": None,
+                                      **{k: get(f"good/{name}", k) for k in ("params", *kinds)},
+                                      "steps": int(state["good"]["learner_steps"][name])}
+        self._good = good
+        self.hedge.cumulative = [float(x) for x in state["hedge_cumulative"]]
+        self._requests, self._interval = int(state["requests_seen"]), int(state["learn_interval"])
+        self._reference, self._checked = state["reference"], int(state["checked"])
+        self.stats = OnlineStats(**state["stats"])
+        kept = [feedback_from_state(meta, {k[len(f"feedback/{i}/") :]: t for k, t in tensors.items()
+                                           if k.startswith(f"feedback/{i}/")}, device)
+                for i, meta in enumerate(state["feedback"])]
+        self._pending = [kept[i] for i in state["pending"]]
+        self._recent = [kept[i] for i in state["recent"]]
+        self.stream = [kept[i] for i in state["stream"]]
+        self.activate_for_drafting()
+
+    # ------------------------------------------------------------------------------------------------ save / load
+    def save_pretrained(self, folder) -> Path:
+        """Crash-safely write the adapter(s) in PEFT format, `online_config.json`, the learner state
+        (`online_optimizer.safetensors`) and `online_state.json` (written last: it marks the folder complete and
+        holds the other files' SHA-256). See `online/persistence.py` for the layout and the crash-safety protocol.
+        A background update still running is waited for and copied in first: what is saved is the latest adapter."""
+        return save_adapter(self, folder)
 
     @classmethod
     def from_pretrained(cls, drafter, folder, attach: bool = True) -> "OnlineSpecAdapter":
-        """Load an adapter saved by `save_pretrained` onto `drafter` (and attach it, by default).
+        """Load an adapter saved by `save_pretrained` onto `drafter` (and attach it, by default), learner state
+        included: it continues exactly where the saved one was.
 
-        If `folder` is missing because a save was interrupted between its two renames, the adapter is loaded from
-        the save's complete temporary sibling, else from the previous one (see `save_pretrained`). Only safetensors
-        weights are read (pickle is refused), and every LoRA tensor the adapter needs must be there, with its shape
-        and finite values.
-        """
-        from ..interop.safety import PICKLE_SUFFIXES, CheckpointError, _pickle_message
-
-        folder = _recover_saved_folder(Path(folder))
-        config = OnlineSpecConfig.from_pretrained(folder)
-        adapter = cls(drafter, config)
-        names = config.adapter_names
-        for name in names:
-            sub = folder if len(names) == 1 else folder / name
-            path = sub / WEIGHTS_NAME
-            if not path.is_file():
-                pickles = sorted(p for p in sub.iterdir() if p.suffix in PICKLE_SUFFIXES) if sub.is_dir() else []
-                if pickles:
-                    raise CheckpointError(_pickle_message(pickles))
-                raise FileNotFoundError(f"{path} missing: incomplete OnlineSpec adapter folder.")
-            found, expected = load_file(str(path)), get_peft_model_state_dict(drafter, adapter_name=name)
-            missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
-            if missing:
-                raise ValueError(f"{path}: incomplete adapter, missing {len(missing)} of {len(expected)} LoRA "
-                                 f"tensors: {missing}.")
-            if unexpected:
-                raise ValueError(f"{path}: weights do not fit this drafter (unexpected tensors {unexpected}).")
-            wrong = [f"{k} {list(found[k].shape)} (expected {list(v.shape)})" for k, v in expected.items()
-                     if found[k].shape != v.shape]
-            bad = [k for k, t in found.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-            if wrong or bad:
-                raise ValueError(f"{path}: corrupt adapter: " + "; ".join(
-                    ([f"wrong shapes {wrong}"] if wrong else []) + ([f"non-finite values in {bad}"] if bad else [])))
-            set_peft_model_state_dict(drafter, found, adapter_name=name)
-        state_path = folder / STATE_NAME
-        if state_path.is_file():
-            state = json.loads(state_path.read_text())
-            adapter.hedge.cumulative = list(state.get("hedge_cumulative", adapter.hedge.cumulative))
-        adapter._sync_trainee()  # the loaded weights are in the live drafter; a background shadow learns from them
-        adapter._good = adapter._snapshot()
-        adapter.activate_for_drafting()
-        if attach:
-            SpeculationRuntime.of(drafter).online_adapter = adapter
-        return adapter
-
-
-def _fsync(path) -> None:
-    """Flush a file's or a folder's entry to disk (best effort: some filesystems refuse folder fsync)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*"), reverse=True):
-        _fsync(path)
-    _fsync(root)
-
-
-def _save_leftovers(folder: Path) -> list[Path]:
-    """`.NAME.tmp-*` and `.NAME.old-*` siblings of `folder` (what interrupted or finished saves leave)."""
-    prefix = f".{folder.name}."
-    if not folder.parent.is_dir():
-        return []
-    return sorted(p for p in folder.parent.iterdir()
-                  if p.name.startswith((prefix + "tmp-", prefix + "old-")) and p.is_dir())
-
-
-def _recover_saved_folder(folder: Path) -> Path:
-    """`folder`, or when a save was interrupted between its renames, the complete sibling to load instead."""
-    if folder.exists():
-        return folder
-    leftovers = _save_leftovers(folder)
-    new = [p for p in leftovers if p.name.startswith(f".{folder.name}.tmp-") and (p / STATE_NAME).is_file()]
-    old = [p for p in leftovers if p.name.startswith(f".{folder.name}.old-") and (p / CONFIG_NAME).is_file()]
-    for candidates, marker in ((new, STATE_NAME), (old, CONFIG_NAME)):
-        if candidates:
-            chosen = max(candidates, key=lambda p: (p / marker).stat().st_mtime)
-            warnings.warn(f"{folder} is missing (a save was interrupted); loading {chosen.name} instead. The next "
-                          "save_pretrained puts the folder back.", stacklevel=3)
-            return chosen
-    return folder
+        Every file is validated (JSON, keys, tensor names and shapes, checksums) before `drafter` is touched, and a
+        failure after that detaches again: a failed load leaves `drafter` as it was. If `folder` is missing because
+        a save was interrupted between its two renames, the save's complete temporary sibling is loaded, else the
+        previous one. Only safetensors weights are read (pickle is refused)."""
+        return load_adapter(cls, drafter, folder, attach=attach)
 
 
 def _shadow_copy(drafter):
@@ -594,6 +547,9 @@ def _shadow_copy(drafter):
     finally:
         drafter.runtime = runtime
     return shadow
+
+
+_MISSING = object()
 
 
 def _runtime_adapter(drafter):

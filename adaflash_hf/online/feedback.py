@@ -146,6 +146,30 @@ class SequenceFeedback:
                    labels.to(param.device), mask.to(param.device), int(num_accepted), int(num_drafted))
 
 
+# What a saved feedback holds (`feedback_state`): its tensors, and its integers. A round's `draft_logits` (the
+# drafting forward's graph) is not state: without it the round is replayed, with the same parameters.
+FEEDBACK_LAYOUT = {
+    "round": (RoundFeedback, ("noise_embeds", "context", "position_ids", "target_logits", "target_tokens"),
+              ("num_accepted",)),
+    "sequence": (SequenceFeedback, ("noise_embeds", "context", "attention_mask", "position_ids", "labels",
+                                    "label_mask"), ("num_accepted", "num_drafted")),
+}
+
+
+def feedback_state(feedback) -> tuple[dict, dict[str, torch.Tensor]]:
+    """`(meta, tensors)` of a feedback: `meta` JSON-able (`kind` and its integers), `tensors` by field name."""
+    kind = "round" if isinstance(feedback, RoundFeedback) else "sequence"
+    _, tensor_fields, int_fields = FEEDBACK_LAYOUT[kind]
+    return ({"kind": kind, **{f: int(getattr(feedback, f)) for f in int_fields}},
+            {f: getattr(feedback, f).detach() for f in tensor_fields})
+
+
+def feedback_from_state(meta: dict, tensors: dict[str, torch.Tensor], device=None):
+    """The feedback `feedback_state` described (tensors moved to `device`)."""
+    cls, tensor_fields, int_fields = FEEDBACK_LAYOUT[meta["kind"]]
+    return cls(**{f: tensors[f].to(device) for f in tensor_fields}, **{f: int(meta[f]) for f in int_fields})
+
+
 def round_loss(module, head_rows: torch.Tensor, feedback: RoundFeedback, config,
                logits: torch.Tensor | None = None) -> torch.Tensor:
     """Loss of one round under `module`'s active adapter(s) (a scalar with gradients).
@@ -195,4 +219,5 @@ def sequence_loss(module, head_rows: torch.Tensor, feedback: SequenceFeedback, c
     return (per * weights).sum() / weights.sum().clamp_min(1e-8)
 
 
-__all__ = ["RoundFeedback", "SequenceFeedback", "round_loss", "sequence_loss"]
+__all__ = ["FEEDBACK_LAYOUT", "RoundFeedback", "SequenceFeedback", "feedback_from_state", "feedback_state",
+           "round_loss", "sequence_loss"]

@@ -30,9 +30,19 @@ class OnlineLearner:
         self.params = list(params)
         self.rule, self.optimizer, self.lr, self.betas, self.eps = rule, optimizer, lr, betas, eps
         self.steps = 0
-        self.m = [torch.zeros_like(p) for p in self.params] if optimizer == "adam" else None
-        self.v = [torch.zeros_like(p) for p in self.params] if optimizer == "adam" else None
-        self.previous = [torch.zeros_like(p) for p in self.params] if rule == "optimistic" else None
+        buffers = self.buffers_of(rule, optimizer)
+        self.m, self.v, self.previous = ([torch.zeros_like(p) for p in self.params] if name in buffers else None
+                                         for name in ("m", "v", "previous"))
+
+    @staticmethod
+    def buffers_of(rule: str, optimizer: str) -> tuple[str, ...]:
+        """Per-parameter state a rule keeps besides the parameters: Adam's moments `m`, `v`; the optimistic hint
+        `previous` (the last direction)."""
+        return (("m", "v") if optimizer == "adam" else ()) + (("previous",) if rule == "optimistic" else ())
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        return self.buffers_of(self.rule, self.optimizer)
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor]) -> None:
@@ -57,7 +67,7 @@ class OnlineLearner:
                 p.add_(d, alpha=-self.lr)
 
     def state_dict(self) -> dict:
-        """Copies of parameters and optimizer state (what a rollback restores)."""
+        """Copies of parameters and optimizer state (what a rollback restores, and what is saved to resume)."""
         clone = lambda ts: [t.detach().clone() for t in ts] if ts is not None else None  # noqa: E731
         return {"params": clone(self.params), "m": clone(self.m), "v": clone(self.v),
                 "previous": clone(self.previous), "steps": self.steps}

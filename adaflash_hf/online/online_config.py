@@ -144,6 +144,13 @@ class OnlineSpecConfig:
             return [f"online_{i}" for i in range(len(self.ensemble_lr_factors))]
         return ["online"]
 
+    def lora_config(self):
+        """The PEFT `LoraConfig` of every adapter (ensemble member)."""
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+                          target_modules=list(self.target_modules))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -155,7 +162,16 @@ class OnlineSpecConfig:
         path = Path(folder, CONFIG_NAME)
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: not an OnlineSpec adapter folder.")
-        return cls(**json.loads(path.read_text()))
+        try:
+            data = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: corrupt OnlineSpec config, not valid JSON ({error}).") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: corrupt OnlineSpec config, not a JSON object.")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: {error}") from None
 
 
 __all__ = ["OnlineSpecConfig", "CONFIG_NAME"]

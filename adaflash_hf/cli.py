@@ -1,5 +1,5 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""The `adaflash-hf` command line: `bench`, `compare`, `report`, `bench-online`.
+"""The `adaflash-hf` command line: `bench`, `compare`, `report`, `bench-online`, `bench-serving`, `calibrate`.
 
 Only argument parsing and dispatch live here; loading, selection, measuring, printing and plotting are in
 `adaflash_hf/bench/` (which never imports this module).
@@ -156,11 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _compare_parser(sub)
     _report_parser(sub)
+    from .bench.calibrate import add_parser as _calibrate_parser
     from .bench.online import add_parser as _online_parser
     from .bench.serving import add_parser as _serving_parser
 
     _online_parser(sub)
     _serving_parser(sub)
+    _calibrate_parser(sub)
     return parser
 
 
@@ -179,6 +181,11 @@ def main(argv=None) -> int:
         from .bench import serving
 
         serving.main(args)
+        return 0
+    if args.command == "calibrate":
+        from .bench import calibrate
+
+        calibrate.main(args)
         return 0
     if args.command == "compare":
         from .bench.compare import print_compare

@@ -151,6 +151,33 @@ def test_outputs_equal_plain_greedy_whatever_the_cost_model():
     assert len(set(choices.values())) > 1  # the cost models did change the choices
 
 
+def test_calibrate_command_on_a_tiny_model(cache, tmp_path, monkeypatch, capsys):
+    from adaflash_hf import AdaFlashDrafterModel, cli
+
+    from .test_examples import save_tiny_target
+
+    folder = save_tiny_target(tmp_path / "target", seed=52)
+    target = make_tiny_target(seed=52)
+    build_drafter(target, block_size=4).save_pretrained(tmp_path / "drafter")
+    argv = ["calibrate", "--target", str(folder), "--drafter", str(tmp_path / "drafter"), "--device", "cpu",
+            "--max-batch", "4", "--quiet"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("measured:") and "* measured" in out
+    drafter = AdaFlashDrafterModel.from_pretrained(tmp_path / "drafter").eval()
+    path = cache_path(target, drafter)
+    saved = json.loads(path.read_text())
+    assert sorted(saved["points"]) == ["1", "4"] and sorted(saved["points"]["4"]) == ["1", "4"]
+    assert sorted(saved["interpolated"]["points"]) == ["1", "2", "4"]
+    lines = out.splitlines()
+    row2 = next(line for line in lines if line.split() and line.split()[0] == "2")
+    assert "*" not in row2  # 2 rows: interpolated between 1 and 4
+    # the CLI measured what generate_batch needs: serving does not measure again
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(lambda *a, **k: pytest.fail("recalibrated")))
+    assert cli.main(argv) == 0 and capsys.readouterr().out.startswith("already cached:")
+    generate_batch(target, drafter, [[1, 2, 3]] * 4, 4)
+
+
 def test_library_code_never_imports_the_testbed():
     import ast
     from pathlib import Path

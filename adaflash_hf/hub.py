@@ -6,8 +6,9 @@ Cards carry MEASURED numbers only: the per-domain rows come from an `adaflash-hf
 One model repository holds everything that belongs to a drafter, each part in its own subfolder:
 
     README.md                      drafter card (from `adaflash_hf/model_cards/drafter.md`, numbers from bench.json)
-    config.json, model.safetensors drafter (`AdaFlashDrafterModel`), with `auto_map` and its two code files,
-    *_adaflash_drafter.py            so it loads with `trust_remote_code=True` where adaflash_hf is absent
+    config.json, model.safetensors drafter (`AdaFlashDrafterModel`), with `auto_map` and its three code files,
+    *_adaflash_drafter.py,           so it loads with `trust_remote_code=True` where adaflash_hf is absent
+    checkpoint_checks.py
     bench.json                     the bench summary the card's table is rendered from
     length_head/                   `AdaFlashLengthHead` (safetensors, `auto_map`), README.md from
                                      `adaflash_hf/model_cards/length_head.md`, cost_model.json (the target's costs)
@@ -246,7 +247,8 @@ def stage_drafter_repo(drafter, folder, bench_summary, *, repo_id: str, target_m
     (folder / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
     layout = [
         {"path": "config.json, model.safetensors", "content": "the drafter (`AdaFlashDrafterModel`)"},
-        {"path": "*_adaflash_drafter.py", "content": "its code, for `trust_remote_code=True` (`auto_map`)"},
+        {"path": "*_adaflash_drafter.py, checkpoint_checks.py",
+         "content": "its code, for `trust_remote_code=True` (`auto_map`)"},
         {"path": "bench.json", "content": "the `adaflash-hf bench --json` summary the results table is rendered from"},
     ]
     if length_head is not None:

@@ -39,10 +39,10 @@ BENCH = {
                "threads": 2},
 }
 DRAFTER_FILES = {"README.md", "bench.json", "config.json", "generation_config.json", "model.safetensors",
-                 "configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py"}
+                 "configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py", "checkpoint_checks.py"}
 HEAD_FILES = {f"length_head/{f}" for f in ("README.md", "config.json", "model.safetensors", "cost_model.json",
                                            "configuration_adaflash_length_head.py",
-                                           "modeling_adaflash_length_head.py")}
+                                           "modeling_adaflash_length_head.py", "checkpoint_checks.py")}
 
 
 class FakeApi:

@@ -58,21 +58,26 @@ def length_head_dir() -> Path | None:
 # `trust_remote_code=True` where adaflash_hf is absent). They are guarded like transformers' `# Copied from` +
 # `check_copies`: `code_copies()` lists them, `tests/test_checkpoints.py` fails when one drifts from its source, and
 # `python -m adaflash_hf.checkpoints --fix-copies` (or `make fix-copies`) rewrites them.
+# `checkpoint_checks.py` (the loading checks both models run) has its source in `models/drafter/`; the length head's
+# package copy `models/length_head/checkpoint_checks.py` is guarded the same way.
+_CHECKS = "checkpoint_checks.py"
 _CODE = {
-    "drafter": ("models/drafter", ("configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py")),
-    "length_head": ("models/length_head", ("configuration_adaflash_length_head.py", "modeling_adaflash_length_head.py")),
+    "drafter": ("models/drafter", ("configuration_adaflash_drafter.py", "modeling_adaflash_drafter.py", _CHECKS)),
+    "length_head": ("models/length_head", ("configuration_adaflash_length_head.py", "modeling_adaflash_length_head.py",
+                                           _CHECKS)),
 }
 _KIND = {OFFLINE_DRAFTER: "drafter", OPD_PARENT_DRAFTER: "drafter", OPD_DRAFTER: "drafter", LENGTH_HEAD: "length_head"}
 
 
 def code_copies() -> list[tuple[Path, Path]]:
-    """`(source, copy)` for every model-code file next to a shipped checkpoint."""
+    """`(source, copy)` for every model-code file next to a shipped checkpoint, and the length head's package copy
+    of `checkpoint_checks.py`."""
     pairs = []
     for name, kind in _KIND.items():
         if (HERE / name).is_dir():
             folder, files = _CODE[kind]
-            pairs += [(HERE.parent / folder / f, HERE / name / f) for f in files]
-    return pairs
+            pairs += [(HERE.parent / ("models/drafter" if f == _CHECKS else folder) / f, HERE / name / f) for f in files]
+    return pairs + [(HERE.parent / "models/drafter" / _CHECKS, HERE.parent / "models/length_head" / _CHECKS)]
 
 
 def stale_copies(fix: bool = False) -> list[Path]:

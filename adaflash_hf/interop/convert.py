@@ -128,12 +128,11 @@ def load_dflash_checkpoint(path, *, dtype: torch.dtype | None = None, device="cp
             config = AdaFlashDrafterConfig.from_pretrained(path, **config_overrides)
         except Exception as e:  # noqa: BLE001 - strict-config validation, re-raised with the file name
             raise CheckpointError(f"{where}: invalid AdaFlashDrafterConfig: {e}") from None
-        check_tensors(infos, _expected_shapes(config), str(path))
-        try:
+        try:  # `check_pretrained` (required config fields, tensors vs config), then the load and its checks
             model = AdaFlashDrafterModel.from_pretrained(path, config=config, use_safetensors=True,
                                                          dtype=dtype or "auto").to(device).eval()
-        except ValueError as e:  # corrupt weights (draft_vocab, non-finite values), named by from_pretrained
-            raise CheckpointError(str(e)) from None
+        except ValueError as e:  # named by from_pretrained: re-raised as CheckpointError for the CLI
+            raise e if isinstance(e, CheckpointError) else CheckpointError(str(e)) from None
         if load_length_head and (path / LENGTH_HEAD_DIR / "config.json").is_file():
             head, cost = load_length_head_folder(path / LENGTH_HEAD_DIR)
             SpeculationRuntime(length_head=head.to(device), cost_model=cost).attach(model)
@@ -172,8 +171,10 @@ def load_length_head_folder(folder):
     from ..generation.cost_model import TargetCostModel
 
     folder = Path(folder)
-    read_checkpoint_tensors(folder)
-    head = AdaFlashLengthHead.from_pretrained(folder, use_safetensors=True).eval()
+    try:  # `AdaFlashLengthHead.check_pretrained` first: required config fields, truncated files, missing tensors
+        head = AdaFlashLengthHead.from_pretrained(folder, use_safetensors=True).eval()
+    except ValueError as e:  # its own copy of the checks raises its own CheckpointError class
+        raise CheckpointError(str(e)) from None
     cost_file = folder / COST_MODEL_FILE
     return head, (TargetCostModel.load(cost_file) if cost_file.is_file() else None)
 

@@ -19,6 +19,16 @@ LEGACY_GENERATION_KEYS = {
     "lookup_num_tokens": "prompt_lookup_num_tokens",
     "lookup_max_ngram": "max_matching_ngram_size",
 }
+# config.json fields `AdaFlashDrafterModel.from_pretrained` requires (a `null` counts as written): the weights'
+# shapes and meaning depend on them, so a class default standing in for a missing one would load the weights wrongly
+# (e.g. `block_size` 16 for a drafter trained with 8). Not required: training-only (`attention_dropout`,
+# `initializer_range`) or derived/unused (`layer_types`, `sliding_window`, `tie_word_embeddings`) fields.
+REQUIRED_CONFIG_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_parameters", "max_position_embeddings",
+    "attention_bias", "mlp_bias", "block_size", "mask_token_id", "target_layer_ids", "num_target_layers",
+    "target_model_type", "tokenizer_fingerprint", "draft_vocab_size",
+)
 
 
 @strict
@@ -52,7 +62,8 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
             drafters); pick a token that never occurs in real text (e.g. an unused special token).
         target_layer_ids (`list[int]`): zero-indexed target decoder layers whose outputs form the context.
         num_target_layers (`int`): depth of the target the drafter was built for (used to validate pairs).
-        target_model_type (`str`): `model_type` of the target (informational, used to validate and export).
+        target_model_type (`str`, *optional*): `model_type` of the target the drafter was built for; when set, a
+            target of another `model_type` is refused (`compatibility_errors`). Exported to the z-lab layout.
         tokenizer_fingerprint (`str`, *optional*): hash of the target tokenizer's vocabulary; when set and a
             tokenizer is given to `generate`, a mismatch is refused before any compute.
         draft_vocab_size (`int`, *optional*): if set, the drafter only ever proposes these many tokens (the target's
@@ -60,6 +71,9 @@ class AdaFlashDrafterConfig(PreTrainedConfig):
             `[draft_vocab_size, hidden]` slice of the target's LM head instead of the whole vocabulary. Verification
             still uses the full target, so outputs are unchanged; a rare token is simply never drafted.
         initializer_range (`float`): std of the normal init of linear layers.
+
+    `save_pretrained` writes every field; `AdaFlashDrafterModel.from_pretrained` refuses a `config.json` that lacks
+    one of `REQUIRED_CONFIG_FIELDS` (every field above but `attention_dropout`, `initializer_range`, `layer_types`).
     """
 
     model_type = "adaflash_drafter"
@@ -198,4 +212,4 @@ class AdaFlashGenerationConfig(GenerationConfig):
             raise ValueError("Invalid AdaFlashGenerationConfig: " + "; ".join(errors) + ".")
 
 
-__all__ = ["AdaFlashDrafterConfig", "AdaFlashGenerationConfig"]
+__all__ = ["REQUIRED_CONFIG_FIELDS", "AdaFlashDrafterConfig", "AdaFlashGenerationConfig"]

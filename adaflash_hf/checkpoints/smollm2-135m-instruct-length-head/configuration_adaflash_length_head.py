@@ -5,6 +5,11 @@ from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
 
+# config.json fields `AdaFlashLengthHead.from_pretrained` requires: the weights' shapes and meaning depend on them (a
+# class default standing in for a missing one would load the weights wrongly, e.g. the drafter's hidden size).
+REQUIRED_CONFIG_FIELDS = ("hidden_size", "block_size", "head_dim", "num_prob_features", "rms_norm_eps")
+
+
 @strict
 class AdaFlashLengthHeadConfig(PreTrainedConfig):
     r"""
@@ -17,6 +22,9 @@ class AdaFlashLengthHeadConfig(PreTrainedConfig):
         num_prob_features (`int`): per-position features taken from the drafter's token distribution
             (max probability, entropy, margin between the two best tokens); 0 disables them.
         drafter_model_type (`str`): the drafter family the head was trained for (informational).
+
+    `save_pretrained` writes every field; `AdaFlashLengthHead.from_pretrained` refuses a `config.json` that lacks
+    one of `REQUIRED_CONFIG_FIELDS` (all but `drafter_model_type` and `initializer_range`).
     """
 
     model_type = "adaflash_length_head"
@@ -36,4 +44,4 @@ class AdaFlashLengthHeadConfig(PreTrainedConfig):
             raise ValueError(f"num_prob_features must be in [0, 3], got {self.num_prob_features}.")
 
 
-__all__ = ["AdaFlashLengthHeadConfig"]
+__all__ = ["REQUIRED_CONFIG_FIELDS", "AdaFlashLengthHeadConfig"]

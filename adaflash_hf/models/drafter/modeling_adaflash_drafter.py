@@ -11,11 +11,13 @@ The forward contract is the one transformers' `DFlashTokenCandidateGenerator` ca
 `context_hidden_states`, `attention_mask`, `position_ids`, `cache`), so `generate(..., speculation_type="dflash")`
 runs this model unchanged.
 
-This file is copied next to saved checkpoints (`auto_map`): it imports only torch, transformers and its config.
+This file is copied next to saved checkpoints (`auto_map`): it imports only torch, transformers, its config and
+`checkpoint_checks.py` (the loading checks), copied with it.
 """
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +36,23 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 
-from .configuration_adaflash_drafter import LEGACY_GENERATION_KEYS, AdaFlashDrafterConfig, AdaFlashGenerationConfig
+from .checkpoint_checks import (
+    CheckpointError,
+    check_tensors,
+    loaded_weight_problems,
+    local_folder,
+    pickle_message,
+    read_pretrained_folder,
+    refuse_explicit_pickle_file,
+    safetensors_only_error,
+    weights_file,
+)
+from .configuration_adaflash_drafter import (
+    LEGACY_GENERATION_KEYS,
+    REQUIRED_CONFIG_FIELDS,
+    AdaFlashDrafterConfig,
+    AdaFlashGenerationConfig,
+)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin):
@@ -451,6 +469,9 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
             errors.append(f"target_layer_ids {bad} out of range for a target with {n_layers} layers")
         if cfg.num_target_layers is not None and cfg.num_target_layers != n_layers:
             errors.append(f"drafter was built for a {cfg.num_target_layers}-layer target, this one has {n_layers}")
+        if cfg.target_model_type is not None and cfg.target_model_type not in (tc.model_type, target.config.model_type):
+            errors.append(f"drafter was built for a {cfg.target_model_type!r} target (config.target_model_type), "
+                          f"this one is {tc.model_type!r}")
         if not 0 <= cfg.mask_token_id < target_vocab:
             errors.append(f"mask_token_id {cfg.mask_token_id} outside the target vocabulary [0, {target_vocab})")
         if target.get_output_embeddings() is None:
@@ -470,27 +491,56 @@ class AdaFlashDrafterModel(AdaFlashDrafterPreTrainedModel):
             )
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, safetensors only, with the loaded weights checked.
+    def check_pretrained(cls, folder, config=None) -> AdaFlashDrafterConfig:
+        """Check a local checkpoint folder without loading a weight; returns its config.
 
-        Pickle weights (`pytorch_model.bin`, ...) are refused: unpickling can run arbitrary code (`use_safetensors`
-        is forced to True; `use_safetensors=False` is an error). After loading, the checkpoint must satisfy what the
-        drafter relies on, else a `ValueError` names the file and tensor: `draft_vocab` present exactly when
-        `config.draft_vocab_size` is set, with that many unique ids in `[0, vocab_size)`; every floating-point
-        weight finite.
+        `config.json` must exist, have `model_type` "adaflash_drafter" and every field of `REQUIRED_CONFIG_FIELDS`;
+        the weights must be safetensors, not truncated or corrupt, and hold exactly the tensors `config` (given, or
+        read from `config.json`) implies, `draft_vocab` exactly when `config.draft_vocab_size` is set. Else one
+        `CheckpointError` (a `ValueError`; for pickle weights also an `OSError`) names the file and the field or
+        tensor. `from_pretrained`, the CLI and `python -m adaflash_hf.interop inspect` all run this check.
+        """
+        config, found, expected = read_pretrained_folder(cls, folder, REQUIRED_CONFIG_FIELDS, config)
+        k, vocab, problems = config.draft_vocab_size, found.pop("draft_vocab", None), []
+        expected.pop("draft_vocab", None)
+        files = ", ".join(sorted({str(info.file) for info in found.values()}))
+        if vocab is not None and k is None:
+            problems.append(f"{vocab.file}: tensor 'draft_vocab' is stored but config.draft_vocab_size is None")
+        elif vocab is None and k is not None:
+            problems.append(f"{files}: config.draft_vocab_size is {k} but the checkpoint holds no 'draft_vocab' "
+                            f"tensor of {k} ids")
+        elif vocab is not None and tuple(vocab.shape) != (k,):
+            problems.append(f"{vocab.file}: tensor 'draft_vocab' has shape {list(vocab.shape)}, "
+                            f"config.draft_vocab_size is {k}")
+        check_tensors(found, expected, os.path.join(str(folder), "config.json"), problems)
+        return config
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, safetensors only, refusing any checkpoint it would load half.
+
+        A local folder is checked before anything is loaded (`check_pretrained`: required `config.json` fields,
+        truncated or corrupt files, missing, unexpected or mis-shaped tensors). Pickle weights (`pytorch_model.bin`,
+        ...) are refused: unpickling can run arbitrary code (`use_safetensors` is forced to True;
+        `use_safetensors=False` is an error). After loading, the weights must satisfy what the drafter relies on,
+        else a `ValueError` names the file and tensor: every tensor loaded, `draft_vocab` holding
+        `config.draft_vocab_size` unique ids in `[0, vocab_size)`, every floating-point weight finite.
         """
         if kwargs.get("use_safetensors") is False:
-            raise ValueError(_pickle_refusal("use_safetensors=False"))
+            raise ValueError(pickle_message(["use_safetensors=False"]))
         kwargs["use_safetensors"] = True
         subfolder = kwargs.get("subfolder") or ""
-        _refuse_explicit_pickle_file(pretrained_model_name_or_path, subfolder, kwargs.get("config"))
+        refuse_explicit_pickle_file(pretrained_model_name_or_path, subfolder, kwargs.get("config"))
+        folder = local_folder(pretrained_model_name_or_path, subfolder)
+        if folder is not None:
+            cls.check_pretrained(folder, kwargs.get("config"))
         wants_info = kwargs.pop("output_loading_info", False)
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
             )
         except OSError as error:
-            clearer = _safetensors_only_error(pretrained_model_name_or_path, subfolder, error)
+            clearer = safetensors_only_error(pretrained_model_name_or_path, subfolder, error)
             if clearer is error:
                 raise
             raise clearer from error
@@ -513,77 +563,6 @@ def _default_mask_token_id(text_config, tokenizer) -> int:
     return text_config.vocab_size - 1
 
 
-# Loading checks (used by `from_pretrained`; self-contained: this file is copied next to checkpoints).
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-
-
-def _pickle_refusal(what) -> str:
-    return (
-        f"refusing to load pickle-based weights ({what}): unpickling can run arbitrary code. Only safetensors "
-        "checkpoints are loaded; convert them first in a trusted environment, e.g. "
-        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
-    )
-
-
-def _local_folder(path, subfolder: str) -> str | None:
-    import os
-
-    folder = os.path.join(str(path), subfolder)
-    return folder if os.path.isdir(folder) else None
-
-
-def _refuse_explicit_pickle_file(path, subfolder: str, config) -> None:
-    """A config's `transformers_weights` names the weights file and bypasses `use_safetensors`: refuse pickle."""
-    import os
-
-    name = None
-    if config is not None and not isinstance(config, (str, os.PathLike)):
-        name = getattr(config, "transformers_weights", None)
-    folder = _local_folder(path, subfolder)
-    if name is None and folder is not None and os.path.isfile(os.path.join(folder, "config.json")):
-        try:
-            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-                raw = json.load(f)
-        except (OSError, ValueError):
-            raw = None  # transformers reports a broken config itself
-        name = raw.get("transformers_weights") if isinstance(raw, dict) else None
-    if name is not None and not str(name).endswith((".safetensors", ".safetensors.index.json")):
-        raise OSError(_pickle_refusal(os.path.join(folder or str(path), str(name))))
-
-
-def _safetensors_only_error(path, subfolder: str, error: OSError) -> OSError:
-    """Our message when transformers found no safetensors weights (pickle files named); else `error` itself."""
-    import os
-
-    folder = _local_folder(path, subfolder)
-    if folder is not None:
-        files = sorted(os.listdir(folder))
-        if any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
-            return error
-        pickles = [os.path.join(folder, f) for f in files if f.endswith(_PICKLE_SUFFIXES)]
-        return OSError(_pickle_refusal(", ".join(pickles))) if pickles else error
-    if "safetensors" in str(error):
-        return OSError(f"{error} Only safetensors weights are loaded: " + _pickle_refusal(f"{path}"))
-    return error
-
-
-def _weights_file(path, subfolder: str, tensor: str) -> str:
-    """The file a tensor was read from, for error messages (the repo id / folder when it cannot be told)."""
-    import os
-
-    folder = _local_folder(path, subfolder)
-    if folder is None:
-        return f"{path}/{subfolder}".rstrip("/")
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                return os.path.join(folder, json.load(f)["weight_map"].get(tensor, os.path.basename(index)))
-        except (OSError, ValueError, KeyError, TypeError):
-            return index
-    return os.path.join(folder, "model.safetensors")
-
-
 def _loading_info_has(keys, name: str) -> bool:
     return any(k == name or (isinstance(k, (tuple, list)) and k and k[0] == name) for k in keys or ())
 
@@ -591,7 +570,7 @@ def _loading_info_has(keys, name: str) -> bool:
 def _check_loaded_weights(model, info: dict, path, subfolder: str) -> None:
     """Raise one `ValueError` listing every tensor of a loaded drafter that breaks what the drafter relies on."""
     config, problems = model.config, []
-    where = lambda name: _weights_file(path, subfolder, name)  # noqa: E731
+    where = lambda name: weights_file(path, subfolder, name)  # noqa: E731
     k, vocab = config.draft_vocab_size, getattr(model, "draft_vocab", None)
     if _loading_info_has(info.get("unexpected_keys"), "draft_vocab"):
         problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' is stored but config.draft_vocab_size is None")
@@ -613,15 +592,9 @@ def _check_loaded_weights(model, info: dict, path, subfolder: str) -> None:
         if (counts > 1).any():
             repeated = unique[counts > 1][:5].tolist()
             problems.append(f"{where('draft_vocab')}: tensor 'draft_vocab' repeats ids {repeated}")
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor is None or not tensor.is_floating_point() or tensor.device.type == "meta":
-            continue
-        finite = torch.isfinite(tensor.detach())
-        if not bool(finite.all()):
-            problems.append(f"{where(name)}: tensor {name!r} has non-finite values "
-                            f"({int((~finite).sum())} of {tensor.numel()})")
+    problems += loaded_weight_problems(model, info, where, skip={"draft_vocab"})
     if problems:
-        raise ValueError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
+        raise CheckpointError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
 
 
 __all__ = ["AdaFlashDrafterModel", "AdaFlashDrafterPreTrainedModel"]

@@ -7,10 +7,10 @@ Their running product is the survival `S(k) = P(the first k drafted tokens are a
 generator picks how many tokens to verify (`generation/cost_model.py`). Trained with binary cross-entropy on
 each position whose predecessors were accepted (the standard discrete-time survival loss).
 
-Copied next to checkpoints (`auto_map`): imports only torch, transformers and its config.
+Copied next to checkpoints (`auto_map`): imports only torch, transformers, its config and `checkpoint_checks.py`
+(the loading checks, a byte copy of the drafter's), copied with it.
 """
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -21,7 +21,18 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import ModelOutput
 
-from .configuration_adaflash_length_head import AdaFlashLengthHeadConfig
+from .checkpoint_checks import (
+    CheckpointError,
+    check_tensors,
+    loaded_weight_problems,
+    local_folder,
+    pickle_message,
+    read_pretrained_folder,
+    refuse_explicit_pickle_file,
+    safetensors_only_error,
+    weights_file,
+)
+from .configuration_adaflash_length_head import REQUIRED_CONFIG_FIELDS, AdaFlashLengthHeadConfig
 
 
 def probability_features(logits: torch.Tensor) -> torch.Tensor:
@@ -93,68 +104,49 @@ class AdaFlashLengthHead(PreTrainedModel):
         return LengthHeadOutput(loss=loss, logits=logits, survival=survival)
 
     @classmethod
+    def check_pretrained(cls, folder, config=None) -> AdaFlashLengthHeadConfig:
+        """Check a local checkpoint folder without loading a weight; returns its config.
+
+        `config.json` must exist, have `model_type` "adaflash_length_head" and every field of
+        `REQUIRED_CONFIG_FIELDS`; the weights must be safetensors, not truncated or corrupt, and hold exactly the
+        tensors the config implies. Else one `CheckpointError` (a `ValueError`; pickle weights: also an `OSError`)
+        names the file and the field or tensor (the drafter's checks, `checkpoint_checks.py`).
+        """
+        config, found, expected = read_pretrained_folder(cls, folder, REQUIRED_CONFIG_FIELDS, config)
+        check_tensors(found, expected, os.path.join(str(folder), "config.json"))
+        return config
+
+    @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, safetensors only (pickle weights are refused: unpickling can run
-        arbitrary code), and every floating-point weight must be finite (else a `ValueError` names file and tensor).
+        """`PreTrainedModel.from_pretrained`, safetensors only, refusing any checkpoint it would load half.
+
+        A local folder is checked first (`check_pretrained`); pickle weights are refused (unpickling can run
+        arbitrary code); after loading, every tensor must have been loaded and every floating-point weight be
+        finite, else a `ValueError` names the file and tensor.
         """
         if kwargs.get("use_safetensors") is False:
-            raise ValueError(_pickle_refusal("use_safetensors=False"))
+            raise ValueError(pickle_message(["use_safetensors=False"]))
         kwargs["use_safetensors"] = True
         subfolder = kwargs.get("subfolder") or ""
-        folder = os.path.join(str(pretrained_model_name_or_path), subfolder)
-        folder = folder if os.path.isdir(folder) else None
-        _refuse_explicit_pickle_file(folder, kwargs.get("config"))
+        refuse_explicit_pickle_file(pretrained_model_name_or_path, subfolder, kwargs.get("config"))
+        folder = local_folder(pretrained_model_name_or_path, subfolder)
+        if folder is not None:
+            cls.check_pretrained(folder, kwargs.get("config"))
+        wants_info = kwargs.pop("output_loading_info", False)
         try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
         except OSError as error:
-            files = sorted(os.listdir(folder)) if folder is not None else []
-            pickles = [os.path.join(folder, f) for f in files if f.endswith(_PICKLE_SUFFIXES)]
-            if pickles and not any(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
-                raise OSError(_pickle_refusal(", ".join(pickles))) from error
-            if folder is None and "safetensors" in str(error):
-                raise OSError(f"{error} Only safetensors weights are loaded: "
-                              + _pickle_refusal(str(pretrained_model_name_or_path))) from error
-            raise
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        where = os.path.join(folder, "model.safetensors") if folder is not None else str(pretrained_model_name_or_path)
-        problems = []
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if tensor is None or not tensor.is_floating_point() or tensor.device.type == "meta":
-                continue
-            finite = torch.isfinite(tensor.detach())
-            if not bool(finite.all()):
-                problems.append(f"{where}: tensor {name!r} has non-finite values ({int((~finite).sum())} of "
-                                f"{tensor.numel()})")
+            clearer = safetensors_only_error(pretrained_model_name_or_path, subfolder, error)
+            if clearer is error:
+                raise
+            raise clearer from error
+        where = lambda name: weights_file(pretrained_model_name_or_path, subfolder, name)  # noqa: E731
+        problems = loaded_weight_problems(model, info, where)
         if problems:
-            raise ValueError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
-        return loaded
-
-
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-
-
-def _pickle_refusal(what) -> str:
-    return (
-        f"refusing to load pickle-based weights ({what}): unpickling can run arbitrary code. Only safetensors "
-        "checkpoints are loaded; convert them first in a trusted environment, e.g. "
-        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
-    )
-
-
-def _refuse_explicit_pickle_file(folder, config) -> None:
-    """A config's `transformers_weights` names the weights file and bypasses `use_safetensors`: refuse pickle."""
-    name = None
-    if config is not None and not isinstance(config, (str, os.PathLike)):
-        name = getattr(config, "transformers_weights", None)
-    if name is None and folder is not None and os.path.isfile(os.path.join(folder, "config.json")):
-        try:
-            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-                raw = json.load(f)
-        except (OSError, ValueError):
-            raw = None  # transformers reports a broken config itself
-        name = raw.get("transformers_weights") if isinstance(raw, dict) else None
-    if name is not None and not str(name).endswith((".safetensors", ".safetensors.index.json")):
-        raise OSError(_pickle_refusal(os.path.join(folder or "", str(name))))
+            raise CheckpointError(f"corrupt {type(model).__name__} checkpoint: " + "; ".join(problems) + ".")
+        return (model, info) if wants_info else model
 
 
 __all__ = ["AdaFlashLengthHead", "LengthHeadOutput", "probability_features"]

@@ -10,7 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-from .bench.args import concurrency_levels, existing_dir, existing_dir_list, fail, positive_int, prompts_file
+from .bench.args import (
+    concurrency_levels,
+    drafter_dir,
+    drafter_dir_list,
+    fail,
+    fail_on_load_error,
+    length_head_dir,
+    positive_int,
+    prompts_file,
+)
 from .bench.models import DEVICES
 
 
@@ -30,7 +39,7 @@ def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side speed/acceptance benchmark", epilog=BENCH_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="target model folder (default: the offline testbed model)")
-    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+    p.add_argument("--drafter", type=drafter_dir("--drafter"), default=None,
                    help="drafter folder (default: the shipped default drafter)")
     p.add_argument("--prompts", type=prompts_file, default=None,
                    help='JSONL with {"prompt", "domain"} lines (default: the committed held-out testbed prompts)')
@@ -50,7 +59,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--concurrency", type=concurrency_levels, default=None,
                    help="e.g. 1,4,16,64: instead of the bs=1 methods, run the request-stream serving bench at these "
                         "levels (see `adaflash-hf bench-serving --help`); JSON key 'concurrency'")
-    p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
+    p.add_argument("--length-head", type=length_head_dir("--length-head"), default=None,
                    help="length head folder (with cost_model.json) for 'adaptive'")
     _device_arguments(p)
 
@@ -61,7 +70,7 @@ def _compare_parser(sub) -> None:
         description="Greedy speculative decoding with each drafter alone (no prompt lookup, no fallback), on the "
                     "same prompts; reports tau per domain, its mean and standard deviation across domains, and "
                     "identical outputs. Used to compare offline-only and OPD drafters.")
-    p.add_argument("--drafters", required=True, type=existing_dir_list("--drafters"),
+    p.add_argument("--drafters", required=True, type=drafter_dir_list("--drafters"),
                    help="comma-separated drafter folders")
     p.add_argument("--labels", default=None, help="comma-separated names (default: folder names)")
     p.add_argument("--prompts", type=prompts_file, default=None, help="JSONL prompts (default: committed eval prompts)")
@@ -103,9 +112,11 @@ def run_bench(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     records = bench_records(args.prompts, args.max_prompts)
-    target, tokenizer, drafter = load_models(args.target, args.drafter, getattr(torch, args.dtype), args.device)
+    # A checkpoint refused while loading (non-finite weights, a drafter for another target) is one line, exit 2.
+    target, tokenizer, drafter = fail_on_load_error(load_models, args.target, args.drafter, getattr(torch, args.dtype),
+                                                    args.device)
     if args.length_head:
-        attach_length_head(drafter, args.length_head)
+        fail_on_load_error(attach_length_head, drafter, args.length_head)
     config = {"target": args.target or "testbed:SmolLM2-135M-Instruct", "drafter": str(args.drafter or "default"),
               "prompts": str(args.prompts or "default_eval_prompts"), "max_new_tokens": args.max_new_tokens,
               "dtype": args.dtype, "device": str(target.device), "threads": torch.get_num_threads(),

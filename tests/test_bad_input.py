@@ -18,6 +18,16 @@ def no_models(monkeypatch):
     monkeypatch.setattr(models, "load_models", load_models)
 
 
+@pytest.fixture(scope="module")
+def drafter_folder(tmp_path_factory):
+    """A saved tiny drafter: `--drafters` checks each folder is a loadable checkpoint (tests/test_load_errors.py)."""
+    from .conftest import build_drafter, make_tiny_target
+
+    folder = tmp_path_factory.mktemp("drafter")
+    build_drafter(make_tiny_target(), seed=0).save_pretrained(folder)
+    return str(folder)
+
+
 def _prompts(tmp_path, text, name="prompts.jsonl"):
     path = tmp_path / name
     path.write_text(text)
@@ -52,10 +62,10 @@ def _fails_in_one_line(argv, capsys, *fragments):
 
 @pytest.mark.parametrize("case", sorted(BAD_PROMPTS))
 @pytest.mark.parametrize("command", ["bench", "compare"])
-def test_bad_prompts_file_fails_before_loading(tmp_path, capsys, no_models, command, case):
+def test_bad_prompts_file_fails_before_loading(tmp_path, capsys, no_models, drafter_folder, command, case):
     text, message = BAD_PROMPTS[case]
     path = str(tmp_path / "nope.jsonl") if text is None else _prompts(tmp_path, text)
-    extra = ["--drafters", str(tmp_path)] if command == "compare" else []
+    extra = ["--drafters", drafter_folder] if command == "compare" else []
     _fails_in_one_line([command, *extra, "--prompts", path], capsys, "--prompts", path, message)
 
 
@@ -76,20 +86,21 @@ def test_bad_concurrency_fails_before_loading(capsys, no_models, value, message)
     (["bench", "--threads", "-2"], ["--threads '-2'", "positive integer"]),
     (["bench", "--drafter", "/no/such/drafter"], ["--drafter '/no/such/drafter'", "no such folder"]),
     (["bench", "--length-head", "/no/such/head"], ["--length-head '/no/such/head'", "no such folder"]),
-    (["compare", "--drafters", ".", "--max-new-tokens", "0"], ["--max-new-tokens '0'"]),
+    (["compare", "--drafters", "DRAFTER", "--max-new-tokens", "0"], ["--max-new-tokens '0'"]),
     (["bench-online", "--algorithms", "static,sgd"], ["--algorithms 'static,sgd'", "unknown ['sgd']"]),
     (["bench-online", "--per-block", "0"], ["--per-block '0'", "positive integer"]),
     (["bench-online", "--max-new-tokens", "-5"], ["--max-new-tokens '-5'", "positive integer"]),
     (["bench-online", "--drafter", "/no/such/drafter"], ["--drafter '/no/such/drafter'", "no such folder"]),
-    (["compare", "--drafters", ".,/no/such/drafter"],
-     ["--drafters '.,/no/such/drafter'", "no such folder: /no/such/drafter"]),
+    (["compare", "--drafters", "DRAFTER,/no/such/drafter"],
+     ["--drafters 'DRAFTER,/no/such/drafter'", "no such folder: /no/such/drafter"]),
     (["compare", "--drafters", " , "], ["--drafters", "expected comma-separated folders"]),
-    (["compare", "--drafters", ".,.", "--labels", "a"], ["--labels 'a'", "1 labels for 2 drafters"]),
+    (["compare", "--drafters", "DRAFTER,DRAFTER", "--labels", "a"], ["--labels 'a'", "1 labels for 2 drafters"]),
     (["report", "--control-drafter", "/no/such/ctl"], ["--control-drafter '/no/such/ctl'", "no such folder"]),
     (["report", "--length-head", "/no/such/head"], ["--length-head '/no/such/head'", "no such folder"]),
 ])
-def test_other_bad_options_fail_before_loading(capsys, no_models, argv, fragments):
-    _fails_in_one_line(argv, capsys, *fragments)
+def test_other_bad_options_fail_before_loading(capsys, no_models, drafter_folder, argv, fragments):
+    argv = [a.replace("DRAFTER", drafter_folder) for a in argv]  # "DRAFTER": a saved drafter checkpoint
+    _fails_in_one_line(argv, capsys, *[f.replace("DRAFTER", drafter_folder) for f in fragments])
 
 
 def test_good_input_parses_to_what_the_commands_use(tmp_path):

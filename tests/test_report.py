@@ -181,7 +181,10 @@ def test_cli_parsing(tmp_path):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["report", "--sections", "a,z"])
     # the other subcommands still parse
-    assert build_parser().parse_args(["compare", "--drafters", ".,."]).drafters == [".", "."]
+    from adaflash_hf.checkpoints import default_drafter_dir
+
+    shipped = str(default_drafter_dir())  # `--drafters` checks each folder holds a drafter checkpoint
+    assert build_parser().parse_args(["compare", "--drafters", f"{shipped},{shipped}"]).drafters == [shipped] * 2
     assert build_parser().parse_args(["bench", "--max-prompts", "1"]).max_prompts == 1
 
 

@@ -12,10 +12,16 @@ Parser hooks:
     --prompts FILE         type=prompts_file              JSONL of {"prompt", "domain"} records; returns the Path
     --concurrency 1,4,16   type=concurrency_levels        positive integers; returns the canonical "1,4,16"
     --max-new-tokens N     type=positive_int("--max-new-tokens")
-    --drafter DIR          type=existing_dir("--drafter") returns the text as given
+    --drafter DIR          type=drafter_dir("--drafter")      a drafter checkpoint that passes the loader's checks
+    --length-head DIR      type=length_head_dir("--length-head")  the same for a length head
+    --drafters A,B         type=drafter_dir_list("--drafters")
     --algorithms a,b       type=choice_list("--algorithms", CHOICES)
 
-Self-contained: only the standard library.
+The checkpoint hooks run `check_pretrained` of the model class, the check `from_pretrained` runs first (required
+config.json fields, truncated or corrupt weights, missing or mis-shaped tensors): a bad checkpoint is one line naming
+the file and the field or tensor, before the target loads. `fail_on_load_error` does the same for what only loading
+can tell (e.g. non-finite weights, a drafter that does not match the target). Everything else here is standard
+library only; the checkpoint hooks import the models when called.
 """
 
 import json
@@ -168,6 +174,64 @@ def existing_dir_list(flag: str):
     return check
 
 
+def _check_checkpoint(flag: str, text: str, kind: str) -> None:
+    if not Path(text).is_dir():
+        fail(flag, text, "no such folder" if not Path(text).exists() else "not a folder")
+    from ..models import AdaFlashDrafterModel, AdaFlashLengthHead
+
+    model_cls = AdaFlashDrafterModel if kind == "drafter" else AdaFlashLengthHead
+    try:
+        model_cls.check_pretrained(text)
+    except (ValueError, OSError) as error:
+        fail(flag, text, " ".join(str(error).split()))
+
+
+def drafter_dir(flag: str):
+    """`type=drafter_dir("--drafter")`: a drafter checkpoint folder that passes `check_pretrained`; returns the
+    text as given."""
+
+    def check(text: str) -> str:
+        _check_checkpoint(flag, text, "drafter")
+        return text
+
+    check.__name__ = "drafter_dir"
+    return check
+
+
+def length_head_dir(flag: str):
+    """`type=length_head_dir("--length-head")`: a length head checkpoint folder that passes `check_pretrained`."""
+
+    def check(text: str) -> str:
+        _check_checkpoint(flag, text, "length_head")
+        return text
+
+    check.__name__ = "length_head_dir"
+    return check
+
+
+def drafter_dir_list(flag: str):
+    """`type=drafter_dir_list("--drafters")`: comma-separated drafter folders, each passing `check_pretrained`."""
+
+    def check(text: str) -> list[str]:
+        folders = existing_dir_list(flag)(text)
+        for folder in folders:
+            _check_checkpoint(flag, folder, "drafter")
+        return folders
+
+    check.__name__ = "drafter_dir_list"
+    return check
+
+
+def fail_on_load_error(load, *args, **kwargs):
+    """`load(*args, **kwargs)`, but a checkpoint refused while loading (`ValueError` / `OSError`, whose message
+    names the file) prints `adaflash-hf: error: MESSAGE` on stderr and exits with status 2, without a traceback."""
+    try:
+        return load(*args, **kwargs)
+    except (ValueError, OSError) as error:
+        print(f"{PROG}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def choice_list(flag: str, choices):
     """`type=choice_list("--algorithms", CHOICES)`: comma-separated names from `choices`; returns "a,b"."""
 
@@ -184,9 +248,13 @@ def choice_list(flag: str, choices):
 __all__ = [
     "choice_list",
     "concurrency_levels",
+    "drafter_dir",
+    "drafter_dir_list",
     "existing_dir",
     "existing_dir_list",
     "fail",
+    "fail_on_load_error",
+    "length_head_dir",
     "parse_choice_list",
     "parse_positive_int",
     "parse_positive_int_list",

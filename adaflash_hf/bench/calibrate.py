@@ -11,13 +11,13 @@ import torch
 
 
 def add_parser(sub) -> None:
-    from .args import existing_dir, positive_int
+    from .args import drafter_dir, positive_int
     from .models import DEVICES
 
     p = sub.add_parser("calibrate", help="measure the target's cost model on this device ahead of serving",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--target", default=None, help="target model folder (default: the offline testbed model)")
-    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+    p.add_argument("--drafter", type=drafter_dir("--drafter"), default=None,
                    help="drafter folder (default: the shipped default drafter)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the models run (auto: the accelerator when there is one, else the CPU)")

@@ -208,10 +208,10 @@ def plot_online(result: dict, path) -> None:
 
 
 def add_parser(sub) -> None:
-    from .args import choice_list, existing_dir, positive_int, prompts_file
+    from .args import choice_list, drafter_dir, positive_int, prompts_file
 
     p = sub.add_parser("bench-online", help="static vs online adapters on a domain-shift stream (OnlineSpec)")
-    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+    p.add_argument("--drafter", type=drafter_dir("--drafter"), default=None,
                    help="drafter folder (default: the shipped one)")
     p.add_argument("--target", default=None, help="target folder (default: the testbed model)")
     p.add_argument("--prompts", type=prompts_file, default=None,

@@ -235,16 +235,16 @@ def plot_serving(result: dict, path) -> None:
 
 
 def add_parser(sub) -> None:
-    from .args import choice_list, concurrency_levels, existing_dir, positive_int, prompts_file
+    from .args import choice_list, concurrency_levels, drafter_dir, length_head_dir, positive_int, prompts_file
     from .models import DEVICES
 
     p = sub.add_parser("bench-serving", help="request-stream serving benchmark (throughput, TTFT, ITL) at "
                                              "concurrency levels, ours vs transformers' plain peers",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--target", default=None, help="target model folder (default: the offline testbed model)")
-    p.add_argument("--drafter", type=existing_dir("--drafter"), default=None,
+    p.add_argument("--drafter", type=drafter_dir("--drafter"), default=None,
                    help="drafter folder (default: the shipped default drafter)")
-    p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
+    p.add_argument("--length-head", type=length_head_dir("--length-head"), default=None,
                    help="length head folder (default: the shipped one, for the shipped drafter)")
     p.add_argument("--prompts", type=prompts_file, default=None,
                    help='JSONL with {"prompt", "domain"} lines (default: the committed held-out testbed prompts)')

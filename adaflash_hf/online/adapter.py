@@ -29,7 +29,7 @@ import math
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,31 +42,7 @@ from .feedback import RoundFeedback, SequenceFeedback, feedback_from_state, feed
 from .learners import Hedge, OnlineLearner
 from .online_config import OnlineSpecConfig
 from .persistence import STATE_VERSION, load_adapter, lora_keys, save_adapter
-
-
-@dataclass
-class OnlineStats:
-    """The stream as the learner saw it: one entry per round it learned from."""
-
-    losses: list[float] = field(default_factory=list)  # online loss l_t(theta_t), before learning from round t
-    acceptance: list[float] = field(default_factory=list)  # accepted / drafted of round t
-    accepted: list[int] = field(default_factory=list)
-    update_seconds: float = 0.0  # all learning compute (serving thread and background worker)
-    critical_seconds: float = 0.0  # the part the serving thread spent (sync updates, waiting for the worker, swaps)
-    updates: int = 0
-    positions: list[int] = field(default_factory=list)  # drafted positions each update learned from
-    gains: list[float] = field(default_factory=list)  # static loss - adapter loss on each new request (gated modes)
-    skipped: int = 0  # served requests not learned from (learning was not paying)
-    rollbacks: list[int] = field(default_factory=list)  # rounds at which a rollback happened
-    weights: list[list[float]] = field(default_factory=list)  # Hedge weights after each round (ensemble)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.losses)
-
-    @property
-    def cumulative_loss(self) -> float:
-        return float(sum(self.losses))
+from .stats import OnlineStats
 
 
 class OnlineSpecAdapter:

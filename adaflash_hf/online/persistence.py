@@ -48,6 +48,7 @@ from ..generation.runtime import SpeculationRuntime
 from .feedback import FEEDBACK_LAYOUT
 from .learners import OnlineLearner
 from .online_config import CONFIG_NAME, OnlineSpecConfig
+from .stats import OnlineStats
 
 
 STATE_NAME = "online_state.json"
@@ -291,8 +292,6 @@ def _legacy_problems(state, config: OnlineSpecConfig) -> list[str]:
 
 def _state_problems(state, config: OnlineSpecConfig) -> list[str]:
     """What is wrong with an `online_state.json` (version 2) for an adapter of `config` (empty: nothing)."""
-    from .adapter import OnlineStats
-
     if not isinstance(state, dict):
         return ["not a JSON object"]
     required = {"version", "requests_seen", "learn_interval", "reference", "checked", "hedge_cumulative",

@@ -1,0 +1,154 @@
+# Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
+"""Replayed tau: the acceptance greedy drafter-only serving would get, computed from ONE teacher-forced pass.
+
+Training measures `tau_proxy` on blocks at uniformly sampled anchors. Serving does not draft at uniform anchors:
+each round's anchor is the token the target committed right after the drafter's last miss. Replaying walks a
+known greedy response exactly as the serving loop moves, so it measures what serving gets without running it:
+
+* one target forward over `prompt + response` gives the context (hidden states at `target_layer_ids`);
+* one drafter forward drafts a block at EVERY anchor `i >= prompt_len` (block-sparse mask, as in training);
+* the walk starts at anchor `prompt_len` (the token the prefill committed), accepts the longest prefix of the
+  block's greedy draft that equals the response, commits it plus the target's own token, and moves the anchor
+  `accepted + 1` positions on. Each round drafts `min(B - 1, max_length - cur_len - 1)` tokens, as the generator
+  does, and a round with no budget left is a plain round (it commits one token).
+
+With greedy fp32 serving of the same drafter the replayed rounds equal the served rounds, except where a
+near-tied argmax flips between the batched pass and the incremental forwards of serving
+(`tests/test_replay.py` checks it on the real testbed model). Nothing in generation imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .blocks import block_labels, draft_blocks, gather_context
+
+
+@dataclass
+class ReplayResult:
+    """Replayed rounds of one response: `accepted[r]` drafted tokens accepted out of `drafted[r]` proposed."""
+
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per verification round (the target's own token included), as `SpeculationStats.tau`."""
+        return sum(self.accepted) / self.rounds + 1.0 if self.rounds else 0.0
+
+
+def pooled_tau(results: list[ReplayResult]) -> float:
+    """Committed tokens over rounds of several responses (the bench's `tau`: tokens / forwards, pooled)."""
+    rounds = sum(r.rounds for r in results)
+    return sum(sum(r.accepted) for r in results) / rounds + 1.0 if rounds else 0.0
+
+
+def target_context(target, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """`[T, L*H]`: the target's hidden states at `layer_ids` over one sequence `input_ids [T]` (one forward)."""
+    with torch.no_grad():
+        out = target(input_ids=input_ids.to(target.device)[None], output_hidden_states=True)
+    return gather_context(out.hidden_states, layer_ids)[0]
+
+
+@torch.no_grad()
+def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, context: torch.Tensor,
+                       first_anchor: int, max_anchors_per_pass: int = 256) -> torch.Tensor:
+    """Greedy drafts `[n, B-1]` (token ids) at anchors `first_anchor .. T-1` of ONE sequence `input_ids [T]`.
+
+    Args:
+        drafter: an `AdaFlashDrafterModel` (its draft vocabulary is used, as in serving).
+        embed_tokens / lm_head: the target's input embedding and LM head.
+        input_ids: `[T]` prompt + response.
+        context: `[T, L*H]` the target's hidden states at the drafter's layers (`target_context`, or recorded).
+        first_anchor: the first anchor (the prompt length: the prefill's committed token).
+        max_anchors_per_pass: anchors per drafter forward (bounds the `[n*B, T + n*B]` attention mask).
+    """
+    device = next(drafter.parameters()).device
+    ids, context = input_ids.to(device)[None], context.to(device)[None]
+    drafts = []
+    for chunk in torch.arange(first_anchor, ids.shape[1], device=device).split(max_anchors_per_pass):
+        states = draft_blocks(drafter, embed_tokens, ids, context, chunk[None])[0, :, 1:]
+        logits, vocab_ids = drafter.draft_logits(states, lm_head)
+        tokens = logits.argmax(dim=-1)
+        drafts.append(vocab_ids.to(tokens.device)[tokens] if vocab_ids is not None else tokens)
+    return torch.cat(drafts).cpu() if drafts else torch.zeros(0, drafter.config.block_size - 1, dtype=torch.long)
+
+
+def walk_rounds(drafts: torch.Tensor, input_ids: torch.Tensor, first_anchor: int, max_length: int | None = None,
+                ) -> ReplayResult:
+    """Walk a greedy response round by round, as drafter-only greedy serving moves (see the module docstring).
+
+    Args:
+        drafts: `[T - first_anchor, B-1]` drafted tokens at each anchor (`draft_every_anchor`).
+        input_ids: `[T]` prompt + the target's greedy response (the whole output of the served call).
+        first_anchor: the prompt length.
+        max_length: the call's `max_length` (prompt + max_new_tokens); bounds each round's draft as the generator
+            does. Default: the sequence length.
+    """
+    seq = input_ids.tolist()
+    total = len(seq)
+    max_length = total if max_length is None else max_length
+    result = ReplayResult()
+    anchor = first_anchor
+    while anchor < total - 1:  # tokens after the anchor remain to be committed
+        cur_len = anchor + 1
+        budget = min(drafts.shape[1], max_length - cur_len - 1)
+        remaining = total - cur_len  # the last of them is always the target's own token
+        matched = 0
+        if budget > 0:
+            row = drafts[anchor - first_anchor].tolist()
+            while matched < min(budget, remaining - 1) and row[matched] == seq[cur_len + matched]:
+                matched += 1
+        result.accepted.append(matched)
+        result.drafted.append(max(budget, 0))
+        anchor += matched + 1
+    return result
+
+
+def replay(drafter, target, input_ids: torch.Tensor, prompt_len: int, max_new_tokens: int | None = None,
+           context: torch.Tensor | None = None) -> ReplayResult:
+    """Replayed rounds of one served call: `input_ids [T]` = prompt + the target's greedy output; `context`
+    `[T, L*H]` the target's hidden states (one target forward when None)."""
+    if context is None:
+        context = target_context(target, input_ids, drafter.config.target_layer_ids)
+    drafts = draft_every_anchor(drafter, target.get_input_embeddings(), target.get_output_embeddings(), input_ids,
+                                context, prompt_len)
+    max_length = None if max_new_tokens is None else prompt_len + max_new_tokens
+    return walk_rounds(drafts, input_ids, prompt_len, max_length)
+
+
+def uniform_anchor_accepted(drafts: torch.Tensor, input_ids: torch.Tensor, target_argmax: torch.Tensor,
+                            first_anchor: int) -> torch.Tensor:
+    """Training's view of the same drafts: accepted length `[n]` at EVERY anchor `first_anchor .. T-2`, labelled as
+    `blocks.block_labels` labels them (the target's greedy token, valid while the sequence stays on its path).
+
+    `1 + mean` is the expectation of `tau_proxy` (which samples 32 of these anchors per sequence).
+    drafts: `[T - first_anchor, B-1]` from `draft_every_anchor(..., first_anchor)`; input_ids / target_argmax: `[T]`.
+    """
+    T = input_ids.shape[0]
+    anchors = torch.arange(first_anchor, T - 1)[None]
+    if anchors.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    labels, valid = block_labels(input_ids[None], target_argmax[None], torch.tensor([T]), anchors,
+                                 torch.ones_like(anchors, dtype=torch.bool), drafts.shape[1] + 1)
+    correct = (drafts[: anchors.shape[1]][None] == labels) & valid
+    return correct.long().cumprod(dim=-1).sum(dim=-1)[0]
+
+
+def greedy_prefix_len(input_ids, target_argmax, prompt_len: int) -> int:
+    """Length of the longest prefix of `input_ids [T]` whose response follows `target_argmax [T]` (the target's
+    greedy token after each position): a stored response generated in another dtype is replayed only as far as
+    it stays on the served target's greedy path."""
+    ids, argmax = torch.as_tensor(input_ids), torch.as_tensor(target_argmax)
+    off = (ids[prompt_len:] != argmax[prompt_len - 1 : -1]).nonzero()
+    return int(prompt_len + off[0]) if len(off) else int(ids.shape[0])
+
+
+__all__ = ["ReplayResult", "draft_every_anchor", "greedy_prefix_len", "pooled_tau", "replay", "target_context",
+           "uniform_anchor_accepted", "walk_rounds"]

@@ -1,0 +1,92 @@
+"""Replayed tau (one teacher-forced drafter pass, walked as serving moves) equals served drafter-only tau."""
+
+import pytest
+import torch
+
+from adaflash_hf.training.blocks import draft_blocks
+from adaflash_hf.training.replay import (draft_every_anchor, greedy_prefix_len, pooled_tau, replay,
+                                         uniform_anchor_accepted, walk_rounds)
+
+from .conftest import make_tiny_target
+
+
+def test_walk_moves_like_the_serving_loop():
+    seq = torch.tensor([5, 6, 7, 1, 2, 3, 4, 9, 9, 8])  # prompt of 3, response 1 2 3 4 9 9 8
+    drafts = torch.tensor([
+        [2, 3, 0],  # anchor 3 (token 1): 2 3 match, miss -> 2 accepted, next anchor 3 + 3 = 6
+        [0, 0, 0], [0, 0, 0],
+        [9, 0, 0],  # anchor 6 (token 4): 1 accepted, next anchor 8
+        [0, 0, 0],
+        [8, 7, 7],  # anchor 8: only one token remains and it is the target's own
+        [0, 0, 0],
+    ])
+    result = walk_rounds(drafts, seq, 3, max_length=100)  # ended early (EOS): nothing caps a draft
+    assert result.accepted == [2, 1, 0] and result.drafted == [3, 3, 3]
+    assert result.tau == pytest.approx((3 + 2 + 1) / 3)
+    # the call's max_length (default: the sequence's length) bounds each round's draft as the generator does:
+    # budget = max_length - cur_len - 1, and a round with none left is a plain round
+    capped = walk_rounds(drafts, seq, 3)
+    assert capped.drafted == [3, 2, 0] and capped.accepted == [2, 1, 0]
+    assert pooled_tau([result, capped]) == pytest.approx(1 + 6 / 6)
+
+
+def test_uniform_anchors_and_greedy_prefix():
+    seq = torch.tensor([5, 6, 1, 2, 3])
+    argmax = torch.tensor([0, 1, 2, 9, 0])  # the target would say 9 after "1 2": the sequence leaves its path at 4
+    assert greedy_prefix_len(seq, argmax, 2) == 4
+    drafts = torch.tensor([[1, 2], [2, 9], [9, 0], [0, 0]])  # anchors 1..4 (first anchor = prompt_len - 1)
+    # anchor 1: labels (1, 2) both right -> 2; anchor 2: labels (2, 9) (9: the target's token after "1 2", still on
+    # its path) both right -> 2; anchor 3: label 9 right, then past the end -> 1
+    assert uniform_anchor_accepted(drafts, seq, argmax, 1).tolist() == [2, 2, 1]
+    # anchor 1 drafting (1, 3): the second is wrong -> 1
+    assert uniform_anchor_accepted(torch.tensor([[1, 3], [0, 0], [0, 0]]), seq, argmax, 1).tolist() == [1, 0, 0]
+
+
+def test_every_anchor_drafts_equal_one_block_per_anchor():
+    from adaflash_hf import AdaFlashDrafterModel
+
+    target = make_tiny_target()
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    drafter.set_draft_vocab(torch.arange(0, target.config.vocab_size, 2))
+    ids = torch.randint(0, target.config.vocab_size, (20,))
+    with torch.no_grad():
+        out = target(input_ids=ids[None], output_hidden_states=True)
+    context = torch.cat([out.hidden_states[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    drafts = draft_every_anchor(drafter, target.get_input_embeddings(), target.lm_head, ids, context, 5,
+                                max_anchors_per_pass=4)  # several passes
+    assert drafts.shape == (15, 3) and set(drafts.flatten().tolist()) <= set(range(0, 96, 2))
+    for anchor in (5, 11, 19):
+        with torch.no_grad():
+            one = draft_blocks(drafter, target.get_input_embeddings(), ids[None], context[None],
+                               torch.tensor([[anchor]]))[0, 0, 1:]
+            logits, vocab = drafter.draft_logits(one, target.lm_head)
+        assert drafts[anchor - 5].tolist() == vocab[logits.argmax(-1)].tolist()
+
+
+@pytest.mark.slow
+def test_replayed_tau_equals_served_tau_on_the_real_model():
+    """The shipped drafter alone, greedy fp32, on held-out prompts: replay and serving take the same rounds."""
+    from adaflash_hf.bench.models import bench_records, load_models
+    from adaflash_hf.bench.runner import method_setup
+    from adaflash_hf.generation.runtime import decoding_setup
+    from adaflash_hf.testbed.prompts import encode_prompt
+
+    target, tokenizer, drafter = load_models(device="cpu")
+    knobs, runtime = method_setup(drafter, "drafter_only")
+    served, replayed, same = [], [], 0
+    records = bench_records(max_per_domain=2)
+    for record in records:
+        ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])])
+        with torch.inference_mode(), decoding_setup(drafter, knobs, runtime):
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                                  assistant_model=drafter, return_dict_in_generate=True)
+        stats = out.speculation_stats
+        result = replay(drafter, target, out.sequences[0], ids.shape[1], max_new_tokens=32)
+        served.append(stats.tau)
+        replayed.append(result.tau)
+        same += result.accepted == stats.accepted and result.drafted == stats.drafted
+    assert abs(sum(served) / len(served) - sum(replayed) / len(replayed)) <= 0.02
+    # per prompt, only a near-tied argmax may flip a round between the batched pass and serving's forwards
+    assert same >= len(records) - 1, list(zip(served, replayed))
+    assert all(abs(s - r) <= 0.25 for s, r in zip(served, replayed))

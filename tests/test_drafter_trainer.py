@@ -211,3 +211,23 @@ def test_eval_curve_best_drafter_budget_and_resume(recorded, tmp_path):
     leg.add_callback(ComputeBudgetCallback(max_cpu_seconds=1e-9))
     leg.train()
     assert resolve_checkpoint("last", tmp_path / "leg").endswith("checkpoint-1")
+
+
+def test_eval_reports_replayed_tau_of_serving(recorded, tmp_path):
+    """`eval_replay_tau` is the walk of `training/replay.py` over each eval response, pooled over rounds."""
+    from adaflash_hf.training.replay import pooled_tau, replay
+
+    target, dataset = recorded
+    trainer = _trainer(target, dataset, tmp_path, max_steps=30)
+    trainer.train()
+    metrics = trainer.evaluate()
+    drafter = trainer.model.eval()
+    by_hand = []
+    for row in dataset.select(range(8)):
+        ids = torch.tensor(row["input_ids"])
+        context = torch.tensor(row["hidden_states"], dtype=torch.float32)
+        by_hand.append(replay(drafter, target, ids, row["prompt_len"], context=context))
+    assert metrics["eval_replay_tau"] == pytest.approx(pooled_tau(by_hand))
+    assert metrics["eval_replay_tau"] > 1.0  # trained on these very responses: some drafts are accepted
+    off = _trainer(target, dataset, tmp_path / "off", max_steps=1, replay_eval=False).evaluate()
+    assert "eval_replay_tau" not in off and "eval_tau_proxy" in off

@@ -17,12 +17,16 @@ class DrafterTrainingConfig(TrainingArguments):
             `None` weighs every position equally.
         max_length (`int`): sequences are truncated to this many tokens.
         eval_seed (`int`): seed of the anchors of the evaluation set (fixed, so eval metrics are comparable).
+        replay_eval (`bool`): evaluation also reports `replay_tau` (per domain too): the tau drafter-only greedy
+            serving gets on the eval responses, replayed from one teacher-forced pass (`training/replay.py`), beside
+            `tau_proxy`'s uniform anchors.
     """
 
     num_anchors: int = field(default=32, metadata={"help": "Blocks drafted per sequence per step."})
     loss_decay_gamma: float | None = field(default=4.0, metadata={"help": "Position decay exp(-(k-1)/gamma)."})
     max_length: int = field(default=640, metadata={"help": "Truncate training sequences to this many tokens."})
     eval_seed: int = field(default=1234, metadata={"help": "Seed of evaluation anchors."})
+    replay_eval: bool = field(default=True, metadata={"help": "Also report replayed (served) tau at evaluation."})
 
     # TrainingArguments defaults that suit drafter training.
     learning_rate: float = field(default=6e-4, metadata={"help": "AdamW learning rate."})

@@ -23,6 +23,7 @@ from transformers import EvalPrediction, Trainer
 
 from .blocks import block_labels, draft_blocks, position_weights, sample_anchors
 from .drafter_config import DrafterTrainingConfig
+from .replay import draft_every_anchor, greedy_prefix_len, pooled_tau, walk_rounds
 
 
 class DrafterDataCollator:
@@ -135,6 +136,41 @@ class DrafterTrainer(Trainer):
             return super().get_eval_dataloader(eval_dataset)
         finally:
             self.data_collator = train_collator
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)
+        if self.args.replay_eval and getattr(dataloader, "dataset", None) is not None:
+            replayed = self.replay_metrics(dataloader.dataset)
+            output.metrics.update({f"{metric_key_prefix}_{k}": v for k, v in replayed.items()})
+        return output
+
+    @torch.no_grad()
+    def replay_metrics(self, dataset) -> dict[str, float]:
+        """`replay_tau` (and `replay_tau_<domain>`): the tau drafter-only greedy serving gets on the recorded
+        responses, walked round by round from one teacher-forced pass each (`training/replay.py`), on the part of
+        each response that follows the target's greedy path."""
+        drafter = self.accelerator.unwrap_model(self.model)
+        device = next(drafter.parameters()).device
+        embed, head = self.target_embeddings.to(device), self.target_lm_head.to(device)
+        was_training = drafter.training
+        drafter.eval()
+        by_domain: dict[str, list] = {}
+        for row in dataset:
+            ids = torch.as_tensor(np.asarray(row["input_ids"]), dtype=torch.long)
+            start = int(row["prompt_len"])
+            end = greedy_prefix_len(ids, np.asarray(row["target_argmax"]), start)
+            if end - start < 2:
+                continue
+            context = torch.as_tensor(np.asarray(row["hidden_states"][:end], dtype=np.float32))
+            drafts = draft_every_anchor(drafter, embed, head, ids[:end], context, start)
+            by_domain.setdefault(str(row.get("domain", "all")), []).append(walk_rounds(drafts, ids[:end], start))
+        drafter.train(was_training)
+        metrics = {"replay_tau": pooled_tau([r for rs in by_domain.values() for r in rs])}
+        if self.eval_domains:
+            metrics.update({f"replay_tau_{d}": pooled_tau(rs) for d, rs in by_domain.items()})
+        return metrics
 
     def _block_hidden(self, model, inputs):
         device = self.args.device

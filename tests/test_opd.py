@@ -95,3 +95,65 @@ def test_adaflash_reference_preset_mixes_ce_and_reverse_kl(opd_setup):
         rkl_only = _trainer(opd_setup, temperature=0.0, alpha=0.0, rkl_weight=1.0)
         rkl = float(rkl_only.compute_loss(rkl_only.model, batch_of(rkl_only)))
     assert ce > 0 and rkl > 0 and mixed == pytest.approx(ce + rkl, rel=1e-4)
+
+
+def test_reverse_kl_on_the_draft_support_has_the_full_support_gradient():
+    """KL(q || p_K) on the draft vocabulary K differs from KL(q || p) by log p(K), a constant for the drafter."""
+    torch.manual_seed(1)
+    weight, vocab = torch.randn(13, 4), torch.tensor([0, 3, 4, 8, 12])
+    student = torch.randn(6, 4, requires_grad=True)
+    teacher = torch.randn(6, 4)
+    on_support = reverse_kl_per_token(student, teacher, weight[vocab])
+    q = torch.softmax(student @ weight[vocab].T, dim=-1)
+    p_full = torch.softmax(teacher @ weight.T, dim=-1)
+    p_k = p_full[:, vocab] / p_full[:, vocab].sum(-1, keepdim=True)
+    assert torch.allclose(on_support, (q * (q.log() - p_k.log())).sum(-1), atol=1e-5)
+    full = (q * (q.log() - p_full[:, vocab].log())).sum(-1)  # q is zero outside K
+    assert torch.allclose(full - on_support, -p_full[:, vocab].sum(-1).log(), atol=1e-5)
+    grad_k = torch.autograd.grad(on_support.sum(), student, retain_graph=True)[0]
+    grad_full = torch.autograd.grad(full.sum(), student)[0]
+    assert torch.allclose(grad_k, grad_full, atol=1e-5)
+
+
+def test_opd_samples_and_scores_the_draft_vocabulary_the_drafter_serves(opd_setup, monkeypatch):
+    import copy
+
+    import torch.nn.functional as F
+
+    import adaflash_hf.training.opd_trainer as opd
+    from adaflash_hf.training.blocks import draft_blocks
+
+    target, drafter, dataset, _ = opd_setup
+    served = copy.deepcopy(drafter)
+    vocab = torch.arange(1, target.config.vocab_size, 3)
+    served.set_draft_vocab(vocab)
+    seen = {}
+
+    def spy(target_, ids, anchors, drafted):
+        seen["drafted"] = drafted.clone()
+        seen["teacher"] = opd.score_blocks.__wrapped__(target_, ids, anchors, drafted)
+        return seen["teacher"]
+
+    spy.__wrapped__ = opd.score_blocks
+    monkeypatch.setattr(opd, "score_blocks", spy)
+    trainer = OPDTrainer(served, OPDConfig(output_dir=str(opd_setup[3]), num_anchors=8, temperature=1.0, alpha=0.0,
+                                           kl_clip=None, use_cpu=True, report_to="none", seed=0), target,
+                         train_dataset=dataset)
+    batch = trainer._prepare_inputs(trainer.data_collator([dataset[i] for i in range(2)]))
+    with torch.no_grad():
+        loss = trainer.compute_loss(served, batch)
+        assert set(seen["drafted"].flatten().tolist()) <= set(vocab.tolist())  # on-policy = what it can serve
+        hidden = draft_blocks(served, target.get_input_embeddings(), batch["input_ids"], batch["context"],
+                              batch["anchors"])[:, :, 1:]
+        k = torch.arange(1, hidden.shape[2] + 1)
+        mask = batch["anchor_valid"][:, :, None] & ((batch["anchors"][:, :, None] + k) < batch["seq_lens"][:, None, None])
+        rows = mask.nonzero(as_tuple=True)
+        head = target.lm_head.weight[vocab]
+        q = F.softmax(hidden[rows] @ head.T, -1)
+        p = F.softmax(seen["teacher"][rows] @ head.T, -1)  # the target renormalised on the draft vocabulary
+        w = trainer.position_weights[rows[2]]
+        by_hand = ((q * (q.log() - p.log())).sum(-1) * w).sum() / w.sum()
+    assert float(loss) == pytest.approx(float(by_hand), rel=1e-4)
+    # the served drafter's own logits are exactly those of the head slice OPD trains
+    logits, ids = served.draft_logits(hidden[rows], target.lm_head)
+    assert torch.equal(ids, vocab) and torch.allclose(logits, hidden[rows] @ head.T, atol=1e-5)

@@ -8,7 +8,8 @@ One step, for a batch of recorded sequences (prompt + target response, with the 
    greedy); a `1 - lmbda` share of blocks keeps the recorded response instead (teacher-forced);
 3. the target scores every drafted block in one forward, the same pass as verification
    (`blocks.score_blocks`), giving `p_T(. | context, drafted prefix)` at every block position;
-4. loss per position = divergence(q_drafter || p_target) computed exactly over the vocabulary, chunked, by TRL's
+4. loss per position = divergence(q_drafter || p_target) computed exactly over the drafter's serving support (its
+   draft vocabulary when it has one, the target's distribution renormalised there: `serving_head`), chunked, by TRL's
    `ChunkedDivergenceFunction` (`beta=1`: reverse KL, as `GKDTrainer`'s `beta`), clamped per token at `kl_clip`,
    weighted by the DFlash position decay and by `rkl_weight`, plus `alpha` x cross-entropy on the target's argmax
    token (`OPDConfig(preset="adaflash_reference")`: 0.8 CE + 0.2 reverse KL on greedy blocks, as the AdaFlash
@@ -43,6 +44,23 @@ def reverse_kl_per_token(student_hidden, teacher_hidden, lm_head_weight, beta: f
     return divergence
 
 
+def serving_head(drafter, lm_head_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(weight [K, H], vocab_ids [K] or None)`: the rows of the target's LM head the drafter drafts with.
+
+    A drafter with a draft vocabulary (`drafter.draft_vocab`, K ids) serves `softmax` over those K tokens only
+    (`draft_logits`), so OPD samples its blocks and computes its divergence over that support. The target's
+    distribution is taken on the same support, renormalised: `p_K = p / p(K)`. For the reverse KL this loses
+    nothing: with `q` zero outside K, `KL(q || p) = KL(q || p_K) - log p(K)`, and `p(K)` does not depend on the
+    drafter, so both have the same gradient; the target mass outside K is a constant the drafter cannot change.
+    Without a draft vocabulary this is the full head.
+    """
+    vocab_ids = getattr(drafter, "draft_vocab", None)
+    if vocab_ids is None:
+        return lm_head_weight, None
+    vocab_ids = vocab_ids.to(lm_head_weight.device)
+    return lm_head_weight[vocab_ids], vocab_ids
+
+
 class OPDTrainer(DrafterTrainer):
     """On-policy distillation trainer. Args as `DrafterTrainer`, plus the frozen `target` model itself."""
 
@@ -66,13 +84,15 @@ class OPDTrainer(DrafterTrainer):
         input_ids, anchors = inputs["input_ids"], inputs["anchors"]
         self.target.to(self.args.device)
         hidden = draft_blocks(model, self.target_embeddings, input_ids, inputs["context"], anchors)[:, :, 1:]
-        weight = self.target_lm_head.weight
+        weight, vocab_ids = serving_head(self.accelerator.unwrap_model(model), self.target_lm_head.weight)
         # On-policy blocks need no agreement with the recorded response: every position inside the sequence counts.
         k = torch.arange(1, hidden.shape[2] + 1, device=anchors.device)
         mask = inputs["anchor_valid"][:, :, None] & ((anchors[:, :, None] + k) < inputs["seq_lens"][:, None, None])
 
         with torch.no_grad():
             drafted = self.sample_blocks(F.linear(hidden.detach().to(weight.dtype), weight))
+            if vocab_ids is not None:  # indices into the draft vocabulary -> token ids
+                drafted = vocab_ids[drafted]
             if self.args.lmbda < 1.0:  # teacher-forced share: the recorded response as the prefix
                 positions = (anchors[:, :, None] + k).clamp(max=input_ids.shape[1] - 1)
                 recorded = torch.gather(input_ids, 1, positions.reshape(input_ids.shape[0], -1)).reshape(drafted.shape)
@@ -82,15 +102,23 @@ class OPDTrainer(DrafterTrainer):
 
         rows = mask.nonzero(as_tuple=True)
         h_s, h_t = hidden[rows].to(weight.dtype), teacher[rows].to(weight.dtype)
+        # Both distributions on the drafter's support (see `serving_head`).
         divergence = reverse_kl_per_token(h_s, h_t, weight, beta=self.args.beta)
         if self.args.kl_clip is not None:
             divergence = divergence.clamp(max=self.args.kl_clip)
         w = self.position_weights.to(divergence.device)[rows[2]]
         loss = self.args.rkl_weight * (divergence * w).sum() / w.sum().clamp_min(1e-8)
         if self.args.alpha > 0:
-            target_tokens = F.linear(h_t, weight).argmax(dim=-1)
-            ce = F.cross_entropy(F.linear(h_s, weight).float(), target_tokens, reduction="none")
-            loss = loss + self.args.alpha * (ce * w).sum() / w.sum().clamp_min(1e-8)
+            with torch.no_grad():  # the target's greedy token; one the drafter cannot draft is left out
+                target_tokens = F.linear(h_t, self.target_lm_head.weight).argmax(dim=-1)
+                if vocab_ids is not None:
+                    index = torch.full((self.target_lm_head.weight.shape[0],), -1, dtype=torch.long,
+                                       device=target_tokens.device)
+                    index[vocab_ids] = torch.arange(vocab_ids.numel(), device=target_tokens.device)
+                    target_tokens = index[target_tokens]
+            w_ce = w * (target_tokens >= 0)
+            ce = F.cross_entropy(F.linear(h_s, weight).float(), target_tokens.clamp_min(0), reduction="none")
+            loss = loss + self.args.alpha * (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
         if return_outputs:
             # Evaluation reuses the parent's teacher-forced acceptance proxy.
             _, outputs = super().compute_loss(model, inputs, return_outputs=True)
@@ -109,4 +137,4 @@ class OPDTrainer(DrafterTrainer):
         return metrics
 
 
-__all__ = ["OPDTrainer", "reverse_kl_per_token"]
+__all__ = ["OPDTrainer", "reverse_kl_per_token", "serving_head"]

@@ -35,7 +35,7 @@ from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
 from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, resolve_checkpoint
 from adaflash_hf.training.data import frequent_tokens, script_training_dataset
-from adaflash_hf.training.store_data import numpy_rows, store_training_data
+from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 
 
 @dataclass
@@ -57,17 +57,6 @@ class ScriptArguments:
     early_stopping_patience: int = field(default=4, metadata={"help": "evaluations without improvement"})
     init_from_target: bool = field(default=True, metadata={
         "help": "initialise the drafter layers from the target's top layers (false: random init)"})
-    label_store: bool = field(default=False, metadata={
-        "help": "train on the target-label store (examples/label_data.py) instead of --train_prompts"})
-    corpus_ratio: float = field(default=1.0, metadata={"help": "label store: corpus tokens per response token"})
-    max_responses_per_domain: int | None = field(default=None, metadata={
-        "help": "label store: the first N responses of each domain (default: all)"})
-    max_corpus_tokens: int | None = field(default=None, metadata={"help": "label store: cap on corpus tokens"})
-    holdout_permille: int = field(default=50, metadata={
-        "help": "label store: entries held out of training (by key hash, per 1000)"})
-    val_per_domain: int = field(default=32, metadata={"help": "label store: held-out responses per domain to eval"})
-    label_dtype: str = field(default="float32", metadata={
-        "help": "label store: dtype of the corpus labels and hidden states (the target is loaded in it)"})
     max_cpu_seconds: float | None = field(default=None, metadata={
         "help": "stop after this much CPU time in training steps (same-compute comparisons; legs of a long run)"})
     record_only: bool = field(default=False, metadata={
@@ -75,10 +64,10 @@ class ScriptArguments:
 
 
 def main():
-    parser = HfArgumentParser((ScriptArguments, DrafterTrainingConfig))
-    script, config = parser.parse_args_into_dataclasses()
+    parser = HfArgumentParser((ScriptArguments, StoreDataArguments, DrafterTrainingConfig))
+    script, store, config = parser.parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    dtype = getattr(torch, script.label_dtype) if script.label_store else torch.float32
+    dtype = getattr(torch, store.label_dtype) if store.label_store else torch.float32
 
     if script.target is None:
         target, tokenizer = load_testbed(dtype=dtype)
@@ -99,12 +88,9 @@ def main():
     drafter.config._attn_implementation = "sdpa"
 
     data_info = {}
-    if script.label_store:
-        data = store_training_data(
-            target, target_name, drafter.config.target_layer_ids, response_dtype=getattr(torch, script.gen_dtype),
-            corpus_ratio=script.corpus_ratio, max_responses_per_domain=script.max_responses_per_domain,
-            max_corpus_tokens=script.max_corpus_tokens, holdout_permille=script.holdout_permille,
-            val_per_domain=script.val_per_domain, progress=not config.disable_tqdm)
+    if store.label_store:
+        data = store.load(target, target_name, drafter.config.target_layer_ids, getattr(torch, script.gen_dtype),
+                          progress=not config.disable_tqdm)
         train, val, data_info = data.train, data.val, data.info
         vocab_source = data.draft_vocab
         if script.record_only:
@@ -168,7 +154,7 @@ def main():
     tokenizer.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps({
         "target": target_name, "train_sequences": len(train), "train_tokens": n_tokens,
-        "val_sequences": len(val), "eval": metrics, "script": vars(script),
+        "val_sequences": len(val), "eval": metrics, "script": {**vars(script), **vars(store)},
         "steps": trainer.state.global_step, "compute": budget.summary(), "data": data_info,
     }, indent=2, default=str))
     logging.info("saved %s (eval %s; %s)", final, metrics, budget.summary())

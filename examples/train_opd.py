@@ -22,7 +22,9 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf.bench.models import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.training import OPDConfig, OPDTrainer
+from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback
 from adaflash_hf.training.data import script_training_dataset
+from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 
 
 @dataclass
@@ -35,22 +37,34 @@ class ScriptArguments:
     gen_batch_size: int = field(default=32, metadata={"help": "batch size of response generation"})
     gen_dtype: str = field(default="bfloat16", metadata={"help": "dtype used to generate responses"})
     val_fraction: float = field(default=0.05, metadata={"help": "held-out validation fraction"})
+    max_cpu_seconds: float | None = field(default=None, metadata={
+        "help": "stop after this much CPU time in training steps (compute-matched comparisons)"})
 
 
 def main():
-    script, config = HfArgumentParser((ScriptArguments, OPDConfig)).parse_args_into_dataclasses()
+    script, store, config = HfArgumentParser(
+        (ScriptArguments, StoreDataArguments, OPDConfig)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     target, tokenizer, drafter = load_models(script.target, script.init_drafter, torch.float32)  # checked pair
     path = script.init_drafter or default_drafter_dir()
 
-    dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids, target_path=script.target,
-                                      train_prompts=script.train_prompts,
-                                      prompts_per_domain=script.prompts_per_domain,
-                                      max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
-                                      gen_dtype=script.gen_dtype)
-    split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
-    by_domain = {d: split["test"].filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(split["test"]["domain"]))}
-    trainer = OPDTrainer(drafter, config, target, train_dataset=split["train"], eval_dataset=by_domain)
+    if store.label_store:  # the store's fixed held-out slice is the validation set, as in train_drafter.py
+        data = store.load(target, script.target or "testbed:SmolLM2-135M-Instruct", drafter.config.target_layer_ids,
+                          getattr(torch, script.gen_dtype), progress=not config.disable_tqdm)
+        train, val = numpy_rows(data.train), numpy_rows(data.val)
+    else:
+        dataset = script_training_dataset(target, tokenizer, drafter.config.target_layer_ids,
+                                          target_path=script.target, train_prompts=script.train_prompts,
+                                          prompts_per_domain=script.prompts_per_domain,
+                                          max_new_tokens=script.max_new_tokens, gen_batch_size=script.gen_batch_size,
+                                          gen_dtype=script.gen_dtype)
+        split = dataset.train_test_split(test_size=script.val_fraction, seed=0)
+        train, val = split["train"], split["test"]
+    by_domain = {d: val.filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(val["domain"]))}
+    budget = ComputeBudgetCallback(script.max_cpu_seconds)
+    callbacks = [budget, EvalCurveCallback(config.output_dir, tokenizer=tokenizer, budget=budget)]
+    trainer = OPDTrainer(drafter, config, target, train_dataset=train, eval_dataset=val, callbacks=callbacks,
+                         eval_domains=sorted(by_domain))
     before = trainer.evaluate_per_domain(by_domain)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     after = trainer.evaluate_per_domain(by_domain)
@@ -58,7 +72,7 @@ def main():
     trainer.model.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps(
         {"init_drafter": str(path), "tau_proxy_before": before, "tau_proxy_after": after,
-         "steps": trainer.state.global_step, "opd": {k: getattr(config, k) for k in
+         "steps": trainer.state.global_step, "compute": budget.summary(), "opd": {k: getattr(config, k) for k in
                                                       ("temperature", "beta", "alpha", "kl_clip", "lmbda",
                                                        "learning_rate", "num_anchors")}}, indent=2))
     logging.info("tau_proxy per domain before %s after %s; saved %s", before, after, final)

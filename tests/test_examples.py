@@ -33,10 +33,11 @@ MAIN_ARGUMENTS = {
     "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
                          "--num_layers", "--init_drafter", "--resume_from_checkpoint", "--label_store",
                          "--corpus_ratio", "--max_cpu_seconds", "--init_from_target"],
+    "tau_gap.py": ["--drafter", "--max_new_tokens", "--eval_per_domain", "--json", "--markdown"],
     "train_length_head.py": ["--drafter", "--target", "--train_prompts", "--output_dir", "--num_sequences",
                              "--max_steps"],
     "train_opd.py": ["--init_drafter", "--target", "--train_prompts", "--output_dir", "--lmbda", "--temperature",
-                     "--kl_clip", "--max_steps"],
+                     "--kl_clip", "--max_steps", "--label_store", "--max_cpu_seconds"],
 }
 
 
@@ -275,3 +276,16 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
     assert json.loads((out / "final" / "training_summary.json").read_text())["steps"] == 6
     assert json.loads((out / "draft_vocab.json").read_text()) == vocab
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert all(p["eval_replay_tau"] >= 1.0 for p in curve["points"])  # served tau, replayed, beside tau_proxy
+
+    # OPD from the same store (same held-out slice), under a CPU budget, evaluated by replayed tau too
+    opd_out = tmp_path / "opd"
+    opd = _run([sys.executable, str(REPO_ROOT / "examples" / "train_opd.py"), "--target", str(target_dir),
+                "--init_drafter", str(out / "final"), "--label_store", "--corpus_ratio", "0",
+                "--holdout_permille", "300", "--val_per_domain", "2", "--output_dir", str(opd_out),
+                "--max_steps", "2", "--num_anchors", "4", "--per_device_train_batch_size", "2",
+                "--max_cpu_seconds", "600", "--save_strategy", "no", "--disable_tqdm", "true"],
+               timeout=300, ADAFLASH_HF_CACHE=str(cache))
+    assert opd.returncode == 0, opd.stderr[-4000:]
+    opd_summary = json.loads((opd_out / "final" / "training_summary.json").read_text())
+    assert opd_summary["steps"] == 2 and opd_summary["compute"]["train_steps_this_run"] == 2

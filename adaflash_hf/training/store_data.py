@@ -147,11 +147,36 @@ def store_training_data(target, target_name: str, target_layer_ids: list[int], *
     return StoreTrainingData(train, val, train_sel, val_sel, info)
 
 
+@dataclass
+class StoreDataArguments:
+    """Command-line arguments of the training scripts that read the label store (`HfArgumentParser` dataclass)."""
+
+    label_store: bool = field(default=False, metadata={
+        "help": "train on the target-label store (examples/label_data.py) instead of --train_prompts"})
+    corpus_ratio: float = field(default=1.0, metadata={"help": "label store: corpus tokens per response token"})
+    max_responses_per_domain: int | None = field(default=None, metadata={
+        "help": "label store: the first N responses of each domain (default: all)"})
+    max_corpus_tokens: int | None = field(default=None, metadata={"help": "label store: cap on corpus tokens"})
+    holdout_permille: int = field(default=50, metadata={
+        "help": "label store: entries held out of training (by key hash, per 1000)"})
+    val_per_domain: int = field(default=32, metadata={"help": "label store: held-out responses per domain to eval"})
+    label_dtype: str = field(default="float32", metadata={
+        "help": "label store: dtype of the corpus labels and hidden states (the target is loaded in it)"})
+
+    def load(self, target, target_name: str, target_layer_ids: list[int], response_dtype,
+             progress: bool = True) -> StoreTrainingData:
+        """`store_training_data` with these arguments."""
+        return store_training_data(
+            target, target_name, target_layer_ids, response_dtype=response_dtype, corpus_ratio=self.corpus_ratio,
+            max_responses_per_domain=self.max_responses_per_domain, max_corpus_tokens=self.max_corpus_tokens,
+            holdout_permille=self.holdout_permille, val_per_domain=self.val_per_domain, progress=progress)
+
+
 def numpy_rows(dataset):
     """`dataset` formatted as numpy (hidden states arrive as `[T, W]` arrays, not nested lists: much faster
     collation)."""
     return dataset.with_format("numpy")
 
 
-__all__ = ["StoreTrainingData", "is_held_out", "numpy_rows", "response_tokens", "split_holdout",
+__all__ = ["StoreDataArguments", "StoreTrainingData", "is_held_out", "numpy_rows", "response_tokens", "split_holdout",
            "store_training_data"]

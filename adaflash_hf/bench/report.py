@@ -150,9 +150,11 @@ def table_a(data: dict) -> list[str]:
     drafters = data["drafters"]
     domains = list(next(iter(drafters.values()))["tau_by_domain"])
     rows = [[label] + [f"{row['tau_by_domain'][d]:.2f}" for d in domains]
-            + [f"{row['tau_mean']:.2f}", f"{row['tau_std']:.3f}", f"{row['identical']}/{row['total']}"]
+            + [f"{row['tau_mean']:.2f}", f"{row['tau_std']:.3f}", _fmt(row.get("replayed_overall_tau")),
+               f"{row['identical']}/{row['total']}"]
             for label, row in drafters.items()]
-    return _table(["drafter", *[f"tau {d}" for d in domains], "mean tau", "std of tau", "identical"], rows)
+    return _table(["drafter", *[f"tau {d}" for d in domains], "mean tau", "std of tau", "replayed tau (pooled)",
+                   "identical"], rows)
 
 
 def table_b(data: dict) -> list[str]:
@@ -344,7 +346,7 @@ def section_a(args, cfg, models) -> dict:
     from .compare import run_compare
 
     # OPD is judged against the offline drafter it was fine-tuned from (not whatever the default drafter is now)
-    offline = opd_parent_dir()
+    offline = Path(args.offline_drafter) if getattr(args, "offline_drafter", None) else opd_parent_dir()
     opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
     if offline is None:
         return _not_available("no shipped offline drafter that the OPD drafter started from (adaflash_hf/checkpoints)")
@@ -448,7 +450,7 @@ def command_line(args) -> str:
         parts += ["--sections", ",".join(args.sections)]
     if args.seed:
         parts += ["--seed", str(args.seed)]
-    for flag in ("opd_drafter", "control_drafter", "length_head"):
+    for flag in ("opd_drafter", "offline_drafter", "control_drafter", "length_head"):
         if getattr(args, flag, None):
             parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if getattr(args, "device", "auto") != "auto":
@@ -507,6 +509,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--opd-drafter", type=existing_dir("--opd-drafter"), default=None,
                    help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+    p.add_argument("--offline-drafter", type=existing_dir("--offline-drafter"), default=None,
+                   help="the offline drafter the OPD drafter was fine-tuned from (default: the shipped OPD drafter's "
+                        "parent)")
     p.add_argument("--control-drafter", type=existing_dir("--control-drafter"), default=None,
                    help="offline drafter trained for the same extra compute as OPD; added to section (a)")
     p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,

@@ -33,6 +33,7 @@ MAIN_ARGUMENTS = {
     "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
                          "--num_layers", "--init_drafter", "--resume_from_checkpoint", "--label_store",
                          "--corpus_ratio", "--max_cpu_seconds", "--init_from_target"],
+    "train_campaign.py": ["--leg_cpu_minutes", "--status", "--name", "--init_drafter"],
     "tau_gap.py": ["--drafter", "--max_new_tokens", "--eval_per_domain", "--json", "--markdown"],
     "train_length_head.py": ["--drafter", "--target", "--train_prompts", "--output_dir", "--num_sequences",
                              "--max_steps"],
@@ -289,3 +290,30 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
     assert opd.returncode == 0, opd.stderr[-4000:]
     opd_summary = json.loads((opd_out / "final" / "training_summary.json").read_text())
     assert opd_summary["steps"] == 2 and opd_summary["compute"]["train_steps_this_run"] == 2
+
+
+def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path):
+    """`train_campaign.py`: each leg is train_drafter.py with the fixed recipe, resuming from the campaign folder in
+    the cache; `--status` prints the cumulative curve (CPU hours, tau_proxy, replayed tau)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_campaign", REPO_ROOT / "examples" / "train_campaign.py")
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    folder = tmp_path / "campaign" / "c1"
+    folder.mkdir(parents=True)
+    (folder / "eval_curve.json").write_text(json.dumps({"runs": [{}, {}], "points": [
+        {"step": 250, "train_cpu_seconds": 1800.0, "eval_tau_proxy": 2.1, "eval_replay_tau": 1.61,
+         "eval_replay_tau_code": 1.9},
+        {"step": 500, "train_cpu_seconds": 3600.0, "eval_tau_proxy": 2.2, "eval_replay_tau": 1.7}]}))
+    status = _run([sys.executable, str(REPO_ROOT / "examples" / "train_campaign.py"), "--name", "c1", "--status"],
+                  ADAFLASH_HF_CACHE=str(tmp_path))
+    assert status.returncode == 0, status.stderr[-2000:]
+    lines = status.stdout.splitlines()
+    assert "2 leg(s)" in lines[0] and lines[-1].split()[:4] == ["500", "1.00", "2.200", "1.700"]
+    assert "code 1.90" in lines[-2]
+    command = campaign.leg_command("c1", 30, "INIT", ["--seed", "3"])
+    joined = " ".join(command)
+    assert "--resume_from_checkpoint last" in joined and "--init_drafter INIT" in joined
+    assert "--max_cpu_seconds 1800" in joined and command[-2:] == ["--seed", "3"]
+    assert command[command.index("--output_dir") + 1].endswith("campaign/c1")

@@ -1,0 +1,87 @@
+"""Train the default drafter as a campaign: one command runs the next leg where the last one stopped.
+
+    python examples/train_campaign.py --leg_cpu_minutes 60          # record what is missing, then train one leg
+    python examples/train_campaign.py --status                      # the campaign's curve so far, nothing runs
+
+Each leg (1) records the hidden states of label-store entries not yet recorded (cached per shard under
+`~/.cache/adaflash_hf/labels/...`, so an interrupted recording loses one shard at most), then (2) trains
+`examples/train_drafter.py` with the fixed recipe below and `--resume_from_checkpoint last`: model, optimizer,
+scheduler and data order continue from the newest checkpoint in the campaign folder
+(`~/.cache/adaflash_hf/campaign/<name>`, outside the repository). On a machine with no checkpoint yet the leg
+starts from the committed default drafter (`--init_drafter`). A leg stops after `--leg_cpu_minutes` of training
+CPU time and saves a checkpoint there. Every evaluation appends `eval_tau_proxy` and `eval_replay_tau` (the tau
+drafter-only greedy serving gets on the store's held-out responses) to `eval_curve.json`, with the cumulative
+training CPU seconds: that curve is the campaign's progress.
+
+A leg never replaces the shipped drafter. Promote one only when its served tau on held-out prompts beats the
+shipped one: `adaflash-hf compare --drafters <shipped>,<campaign>/best --labels shipped,campaign`.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from adaflash_hf.checkpoints import default_drafter_dir
+from adaflash_hf.utils.cache import cache_dir
+
+HERE = Path(__file__).resolve().parent
+
+# The recipe: fixed for the whole campaign (a change of recipe is a new campaign name).
+RECIPE = ["--label_store", "--corpus_ratio", "0", "--holdout_permille", "100", "--val_per_domain", "31",
+          "--learning_rate", "3e-4", "--lr_scheduler_type", "cosine", "--warmup_steps", "100",
+          "--per_device_train_batch_size", "4", "--num_anchors", "32", "--max_steps", "20000",
+          "--eval_strategy", "steps", "--eval_steps", "250", "--save_strategy", "steps", "--save_steps", "250",
+          "--save_total_limit", "2", "--logging_steps", "50", "--resume_from_checkpoint", "last"]
+
+
+def campaign_dir(name: str) -> Path:
+    return cache_dir() / "campaign" / name
+
+
+def leg_command(name: str, leg_cpu_minutes: float, init_drafter: str | None, extra: list[str]) -> list[str]:
+    """The `train_drafter.py` command line of one leg."""
+    init = init_drafter or str(default_drafter_dir())
+    return [sys.executable, str(HERE / "train_drafter.py"), *RECIPE, "--init_drafter", init,
+            "--max_cpu_seconds", str(60 * leg_cpu_minutes), "--output_dir", str(campaign_dir(name)), *extra]
+
+
+def print_status(name: str) -> None:
+    curve = campaign_dir(name) / "eval_curve.json"
+    if not curve.is_file():
+        print(f"campaign {name!r}: no evaluation yet ({curve})")
+        return
+    data = json.loads(curve.read_text())
+    print(f"campaign {name!r}: {len(data['runs'])} leg(s); folder {curve.parent}")
+    print(f"{'step':>7}{'CPU-h':>8}{'tau_proxy':>11}{'replay_tau':>12}  per domain (replayed)")
+    for p in data["points"]:
+        domains = " ".join(f"{k.removeprefix('eval_replay_tau_')} {v:.2f}" for k, v in p.items()
+                           if k.startswith("eval_replay_tau_"))
+        print(f"{p['step']:>7}{p.get('train_cpu_seconds', 0) / 3600:>8.2f}{p.get('eval_tau_proxy', 0):>11.3f}"
+              f"{p.get('eval_replay_tau', 0):>12.3f}  {domains}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="default-drafter", help="campaign folder name under the cache")
+    parser.add_argument("--leg_cpu_minutes", type=float, default=60.0, help="training CPU minutes of this leg")
+    parser.add_argument("--init_drafter", default=None, help="warm start (default: the shipped default drafter)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS) of the leg")
+    parser.add_argument("--status", action="store_true", help="print the campaign's curve and exit")
+    args, extra = parser.parse_known_args()
+    if args.leg_cpu_minutes <= 0:
+        parser.error("--leg_cpu_minutes must be > 0")
+    if not args.status:
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        command = leg_command(args.name, args.leg_cpu_minutes, args.init_drafter, extra)
+        print("leg:", " ".join(command), flush=True)
+        result = subprocess.run(command, env=env)
+        if result.returncode != 0:
+            sys.exit(result.returncode)
+    print_status(args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .bench.args import (
     concurrency_levels,
+    cost_model_file,
     drafter_dir,
     drafter_dir_list,
     fail,
@@ -61,6 +62,10 @@ def _bench_parser(sub) -> None:
                         "levels (see `adaflash-hf bench-serving --help`); JSON key 'concurrency'")
     p.add_argument("--length-head", type=length_head_dir("--length-head"), default=None,
                    help="length head folder (with cost_model.json) for 'adaptive'")
+    p.add_argument("--cost-model", type=cost_model_file, default=None,
+                   help="a cost model measured on another device (JSON file, or a shipped name such as "
+                        "h200-smollm2-135m): the policy and the length rule decide with its costs, and a separate "
+                        "PROJECTED table (JSON 'projected') gives the tokens/s the rounds run here would take there")
     _device_arguments(p)
 
 
@@ -101,7 +106,7 @@ def run_bench(args) -> dict:
     """`adaflash-hf bench`: the bs=1 methods side by side, or throughput at `--concurrency` levels."""
     import torch
 
-    from .bench.models import attach_length_head, bench_records, load_models
+    from .bench.models import apply_cost_model, attach_length_head, bench_records, load_models
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     unknown = set(methods) - set(_methods(all_methods=True))
@@ -117,16 +122,19 @@ def run_bench(args) -> dict:
                                                     args.device)
     if args.length_head:
         fail_on_load_error(attach_length_head, drafter, args.length_head)
+    cost = apply_cost_model(drafter, args.cost_model)
     config = {"target": args.target or "testbed:SmolLM2-135M-Instruct", "drafter": str(args.drafter or "default"),
               "prompts": str(args.prompts or "default_eval_prompts"), "max_new_tokens": args.max_new_tokens,
               "dtype": args.dtype, "device": str(target.device), "threads": torch.get_num_threads(),
-              "raw": args.raw, "n_prompts": len(records), "repeats": args.repeats}
+              "raw": args.raw, "n_prompts": len(records), "repeats": args.repeats,
+              "cost_model": str(args.cost_model) if args.cost_model else None}
     if args.concurrency:  # the request-stream serving bench (`adaflash-hf bench-serving` has all its options)
         from .bench.serving import run_serving
 
         levels = [int(x) for x in args.concurrency.split(",")]
         result = run_serving(target, tokenizer, drafter, records, levels=levels, max_new_tokens=args.max_new_tokens,
-                             raw=args.raw, repeats=args.repeats, progress=not args.quiet)
+                             raw=args.raw, repeats=args.repeats, progress=not args.quiet,
+                             cost_model_path=args.cost_model)
         result["config"] = config
         return result
     from .bench.runner import run_benchmark, summarize
@@ -135,6 +143,10 @@ def run_bench(args) -> dict:
                             raw=args.raw, progress=not args.quiet, repeats=args.repeats)
     summary = summarize(results, block_size=drafter.config.block_size)
     summary["config"] = config
+    if cost is not None:
+        from .bench.projection import project_bench
+
+        summary["projected"] = project_bench(results, cost, args.cost_model)
     return summary
 
 

@@ -104,7 +104,7 @@ def test_a_cost_model_from_another_device_is_never_applied_silently(tmp_path, mo
     target = make_tiny_target(num_layers=1)
     drafter = build_drafter(target)
     gpu = TargetCostModel(points={1: {1: 0.02, 16: 0.02}}, draft={1: 0.001}, device="cuda:NVIDIA H200",
-                          dtype="float32", threads=16)
+                          dtype="float32", threads=16, implicit=True)  # e.g. beside a length head (explicit: applied)
     with caplog.at_level(logging.WARNING, logger=cost_module.__name__):
         here = cost_model_for(target, drafter, batch_sizes=(1, 4), candidate=gpu)
     assert here is not gpu and here.device == device_name("cpu") and here.covers(4, drafts=True)

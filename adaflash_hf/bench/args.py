@@ -16,6 +16,8 @@ Parser hooks:
     --length-head DIR      type=length_head_dir("--length-head")  the same for a length head
     --drafters A,B         type=drafter_dir_list("--drafters")
     --algorithms a,b       type=choice_list("--algorithms", CHOICES)
+    --cost-model FILE      type=cost_model_file        a saved TargetCostModel JSON, or the name of a shipped one
+                                                       (adaflash_hf/cost_models/NAME.json); returns the Path
 
 The checkpoint hooks run `check_pretrained` of the model class, the check `from_pretrained` runs first (required
 config.json fields, truncated or corrupt weights, missing or mis-shaped tensors): a bad checkpoint is one line naming
@@ -222,6 +224,26 @@ def drafter_dir_list(flag: str):
     return check
 
 
+def cost_model_file(text: str) -> Path:
+    """`--cost-model FILE`: a `TargetCostModel` JSON that loads and has points, or the name of a shipped one
+    (`h200-smollm2-135m`); returns its `Path`."""
+    path = Path(text)
+    shipped = Path(__file__).resolve().parent.parent / "cost_models"
+    if not path.exists() and (shipped / f"{text}.json").is_file():
+        path = shipped / f"{text}.json"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in shipped.glob("*.json")))
+        fail("--cost-model", text, f"no such file (shipped cost models: {names or 'none'})")
+    from ..generation.cost_model import TargetCostModel
+
+    try:
+        cost = TargetCostModel.load(path)
+        cost.seconds(1, 1)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as error:
+        fail("--cost-model", text, f"not a cost model JSON ({type(error).__name__}: {error})")
+    return path
+
+
 def fail_on_load_error(load, *args, **kwargs):
     """`load(*args, **kwargs)`, but a checkpoint refused while loading (`ValueError` / `OSError`, whose message
     names the file) prints `adaflash-hf: error: MESSAGE` on stderr and exits with status 2, without a traceback."""
@@ -248,6 +270,7 @@ def choice_list(flag: str, choices):
 __all__ = [
     "choice_list",
     "concurrency_levels",
+    "cost_model_file",
     "drafter_dir",
     "drafter_dir_list",
     "existing_dir",

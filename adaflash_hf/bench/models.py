@@ -61,6 +61,19 @@ def attach_length_head(drafter, folder):
                               cost_model=cost).attach(drafter)
 
 
+def apply_cost_model(drafter, path):
+    """Decide with the cost model in `path` (`--cost-model`): passed explicitly, it is applied on any device (a
+    simulated device; `generation.cost_model`). Returns it (None without a path)."""
+    if path is None:
+        return None
+    from ..generation.cost_model import TargetCostModel
+    from ..generation.runtime import runtime_of
+
+    cost = TargetCostModel.load(path)
+    runtime_of(drafter).cost_model = cost
+    return cost
+
+
 def select_per_domain(records: list[dict], max_per_domain: int | None) -> list[dict]:
     """The first `max_per_domain` records of each domain, in the records' order (all when None)."""
     if not max_per_domain:
@@ -81,4 +94,4 @@ def bench_records(prompts=None, max_per_domain: int | None = None) -> list[dict]
     return select_per_domain(read_prompts_jsonl(prompts) if prompts else default_eval_prompts(), max_per_domain)
 
 
-__all__ = ["DEVICES", "attach_length_head", "bench_records", "load_models", "resolve_device", "select_per_domain"]
+__all__ = ["DEVICES", "apply_cost_model", "attach_length_head", "bench_records", "load_models", "resolve_device", "select_per_domain"]

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..generation.cost_model import synchronize
 from ..generation.stats import SpeculationStats
 from ..testbed.prompts import encode_prompt
+from .projection import ForwardLog, ForwardProbe
 
 
 METHODS = ("plain", "prompt_lookup", "early_exit", "dflash_native", "drafter_only", "adaflash")
@@ -50,37 +51,7 @@ class Measurement:
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     seconds_repeats: list[float] = field(default_factory=list)  # one wall time per repeat (`seconds`: their median)
-
-
-class _TargetProbe:
-    """Counts and times the target's full forwards (hooks on the last decoder layer and on the model)."""
-
-    def __init__(self, target):
-        self.count, self.seconds, self._start = 0, 0.0, None
-        last_layer = target.get_decoder().layers[-1]
-        self._handles = [
-            last_layer.register_forward_hook(self._count),
-            target.register_forward_pre_hook(self._tic),
-            target.register_forward_hook(self._toc),
-        ]
-
-    def _count(self, *_):
-        self.count += 1
-
-    def _tic(self, *_):
-        self._start = time.perf_counter()
-
-    def _toc(self, *_):
-        if self._start is not None:
-            self.seconds += time.perf_counter() - self._start
-            self._start = None
-
-    def reset(self):
-        self.count, self.seconds = 0, 0.0
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
+    forwards: ForwardLog | None = None  # the first repeat's forwards (rows x tokens) and wall time, for projections
 
 
 def method_kwargs(method: str, drafter, target, lookup_tokens: int = 10, early_exit_layer: int | None = None) -> dict:
@@ -154,7 +125,7 @@ def run_benchmark(
     reuse = bool(references)
     if "plain" not in methods and not reuse:
         methods = ("plain", *methods)
-    probe = _TargetProbe(target)
+    probe = ForwardProbe(target, drafter)  # full target forwards and seconds; every forward's rows x tokens
     results = []
     device = target.device
 
@@ -194,7 +165,9 @@ def run_benchmark(
                     m = Measurement(
                         method=method, domain=record.get("domain", "all"), new_tokens=out.shape[1] - ids.shape[1],
                         seconds=seconds, identical=bool(out.shape == reference.shape and torch.equal(out, reference)),
-                        target_forwards=probe.count, verify_seconds=probe.seconds, seconds_repeats=[seconds])
+                        target_forwards=probe.count, verify_seconds=probe.seconds, seconds_repeats=[seconds],
+                        forwards=probe.log.copy())
+                    m.forwards.wall_seconds = seconds
                     if stats is not None:
                         m.draft_seconds, m.drafted, m.accepted = stats.draft_seconds, list(stats.drafted), list(
                             stats.accepted)
@@ -295,6 +268,10 @@ def print_bench(summary: dict) -> None:
         print(f"adaflash time per round: drafting {t['drafting']:.1f} ms, verification forward "
               f"{t['verification_forward']:.1f} ms, other {t['other']:.1f} ms")
     print(f"tau cross-domain std (adaflash): {summary['tau_cross_domain_std']:.3f}")
+    if summary.get("projected"):
+        from .projection import print_projected
+
+        print_projected(summary["projected"], domains)
 
 
 def plot_bench(summary: dict, path) -> None:

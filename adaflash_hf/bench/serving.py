@@ -22,6 +22,10 @@ row per round) and verified tokens per committed token for our engine, and how m
 `generate` (the lossless reference; fp32). With `--repeats`, methods are interleaved within each repeat and tokens/s
 is the median with its [min, max] spread. The JSON keeps `concurrency.{level}.{method}` = tokens/s and the detail
 beside it (`detail.{level}.{method}`); `peer` names the faster plain peer at each level.
+
+`--cost-model FILE` (another device's `TargetCostModel`, e.g. `h200-smollm2-135m`): our engine decides with that
+device's costs, and a separate "projected" block gives the tokens/s the first repeat's forwards would reach there
+(`bench/projection.py`; not measured; `transformers_cb` packs requests into one row and is not projected).
 """
 
 import json
@@ -136,8 +140,13 @@ def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[t
 @torch.inference_mode()
 def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128), max_new_tokens: int = 64,
                 methods=METHODS, max_requests: int = 256, requests: int | None = None, rate: float | None = None,
-                repeats: int = 1, seed: int = 0, raw: bool = False, progress: bool = True) -> dict:
+                repeats: int = 1, seed: int = 0, raw: bool = False, progress: bool = True,
+                cost_model_path=None) -> dict:
     """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict."""
+    from .models import apply_cost_model
+    from .projection import ForwardProbe, cost_model_info, projected_seconds
+
+    projected_on = apply_cost_model(drafter, cost_model_path)  # decide with it; project onto it
     head = runtime_of(drafter).length_head
     methods = [m for m in methods if m != "adaptive" or head is not None]
     prompts = [encode_prompt(tokenizer, r["prompt"], chat_template=not raw) for r in records]
@@ -163,18 +172,30 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
 
     result = {"concurrency": {}, "detail": {}, "peer": {}, "methods": methods, "max_new_tokens": max_new_tokens,
               "rate": rate, "repeats": repeats}
+    probe = None
+    if projected_on is not None:
+        probe = ForwardProbe(target, drafter)
+        result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}}
     for level in tqdm(levels, desc="serving", disable=not progress):
         n = requests or min(4 * level, max(max_requests, level))
         stream = request_stream(n, len(prompts), rate, seed)
         runs: dict[str, list[dict]] = {m: [] for m in methods}
         for repeat in range(repeats):
             for method in (methods if repeat % 2 == 0 else methods[::-1]):  # interleaved, order alternating
+                if probe is not None:
+                    probe.reset()
                 synchronize(target.device)
                 start = time.perf_counter()
                 served, detail = serve(method, target, drafter, prompts, stream, max_new_tokens, level, pad_id, eos,
                                        head)
                 synchronize(target.device)
                 metrics = serving_metrics(served, time.perf_counter() - start)
+                if probe is not None and not runs[method]:
+                    probe.log.wall_seconds = time.perf_counter() - start
+                    seconds = None if method == "transformers_cb" else projected_seconds(probe.log, projected_on)
+                    tokens = sum(len(x.tokens) for x in served)
+                    result["projected"]["concurrency"].setdefault(str(level), {})[method] = (
+                        tokens / seconds if seconds else None)
                 if not runs[method]:
                     metrics["identical"] = sum(s.tokens == reference(s.prompt_index) for s in served)
                     metrics["total"] = len(served)
@@ -194,6 +215,8 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
             for method in runs:
                 result["detail"][str(level)][method]["vs_peer"] = result["concurrency"][str(level)][method] / max(
                     peers[best], 1e-9)
+    if probe is not None:
+        probe.close()
     return result
 
 
@@ -207,6 +230,16 @@ def print_serving(result: dict) -> None:
             print(f"{level:>4} {method:<16}{d['tokens_per_s']:>8.1f}{d.get('vs_peer', 0):>7.2f}x"
                   f"{d['ttft_ms']['p50']:>9.0f}m{d['itl_ms']['p50']:>8.0f}m{d['itl_ms']['p99']:>8.0f}m{tau:>6}"
                   f"{vpc:>10}{d['identical']:>7}/{d['total']}")
+    projected = result.get("projected")
+    if projected:
+        print(f"\nPROJECTED on {projected['device']} ({projected['dtype']}; {projected.get('file', 'cost model')}): "
+              "not measured - this machine's host time + that device's forward costs for the rounds run here")
+        if projected.get("assumptions"):
+            print(f"  assumes: {projected['assumptions']}")
+        print(f"{'c':>4} {'method':<16}{'proj tok/s':>11}")
+        for level, rates in projected["concurrency"].items():
+            for method, rate in rates.items():
+                print(f"{level:>4} {method:<16}" + (f"{rate:>11.1f}" if rate else f"{'n/a':>11}"))
 
 
 def plot_serving(result: dict, path) -> None:
@@ -235,7 +268,8 @@ def plot_serving(result: dict, path) -> None:
 
 
 def add_parser(sub) -> None:
-    from .args import choice_list, concurrency_levels, drafter_dir, length_head_dir, positive_int, prompts_file
+    from .args import (choice_list, concurrency_levels, cost_model_file, drafter_dir, length_head_dir, positive_int,
+                       prompts_file)
     from .models import DEVICES
 
     p = sub.add_parser("bench-serving", help="request-stream serving benchmark (throughput, TTFT, ITL) at "
@@ -265,6 +299,10 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write tokens/s and ITL vs concurrency (PNG) here")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--cost-model", type=cost_model_file, default=None,
+                   help="a cost model measured on another device (JSON file, or a shipped name such as "
+                        "h200-smollm2-135m): our engine decides with its costs; a separate PROJECTED table (JSON "
+                        "'projected') gives the tokens/s the rounds run here would take there")
 
 
 def main(args) -> dict:
@@ -282,10 +320,12 @@ def main(args) -> dict:
     levels = [int(x) for x in args.concurrency.split(",")]
     result = run_serving(target, tokenizer, drafter, records, levels=levels, max_new_tokens=args.max_new_tokens,
                          methods=args.methods.split(","), max_requests=args.max_requests, requests=args.requests,
-                         rate=args.rate, repeats=args.repeats, seed=args.seed, progress=not args.quiet)
+                         rate=args.rate, repeats=args.repeats, seed=args.seed, progress=not args.quiet,
+                         cost_model_path=args.cost_model)
     result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                         "drafter": str(args.drafter or "default"), "length_head": str(head) if head else None,
-                        "prompts": str(args.prompts or "default_eval_prompts"), "n_prompts": len(records)}
+                        "prompts": str(args.prompts or "default_eval_prompts"), "n_prompts": len(records),
+                        "cost_model": str(args.cost_model) if args.cost_model else None}
     print_serving(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,14 @@ device, dtype and CPU threads it was measured with: numbers from a 2-core CPU sa
 of 1-16 tokens x 1-64 rows costs about the same (launch-bound). `calibrate` measures it (synchronizing the device
 before every clock read, so GPU timings are kernels, not launches); `cost_model_for` returns the one measured for
 the current target/drafter/device/dtype/threads from a cache under `~/.cache/adaflash_hf/cost_models`, calibrating
-it when missing and saying so in the log. A cost model from another device is never applied silently.
+it when missing and saying so in the log.
+
+A cost model from another device is applied only when the user passes it explicitly (a SIMULATED device:
+`SpeculationRuntime(cost_model=TargetCostModel.load(FILE))`, `--cost-model FILE`): the proposal policy and the
+length rule then decide with that device's costs, and the log says so. One that arrived implicitly, beside a
+checkpoint (a length head folder's `cost_model.json`, loaded with `implicit=True`), is never applied where it was
+not measured: a cost model measured here replaces it. `adaflash_hf/cost_models/` ships reference devices
+(`shipped_cost_model("h200-smollm2-135m")`).
 
 Calibration is bounded: it measures the corners a call needs, rows `1` and the call's batch size `B`, verify widths
 `1` and the drafter's block (`calibration_tokens`), and interpolates everything in between (`interpolated()` lists
@@ -94,6 +101,9 @@ class TargetCostModel:
         draft: `draft[batch_size]` seconds of one drafting step (drafter forward + draft logits); empty: unknown (0).
         device, dtype, threads: what the numbers were measured on (`device_name`, e.g. "cpu", "cuda:NVIDIA H200").
         key: fingerprint of the target/drafter shapes the numbers describe (`cost_key`).
+        assumptions: what the numbers do not come from a measurement of (e.g. an assumed drafting step).
+        implicit: loaded beside a checkpoint rather than passed by the user: applied only on the device it
+            describes (never saved; module docstring).
     """
 
     points: dict[int, dict[int, float]] = field(default_factory=dict)
@@ -104,6 +114,8 @@ class TargetCostModel:
     threads: int = 0
     key: str = ""
     description: str = ""
+    assumptions: str = ""
+    implicit: bool = field(default=False, compare=False)  # arrived beside a checkpoint, not passed by the user
 
     def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
         """Latency of verifying `num_tokens` per row for `batch_size` rows (interpolated)."""
@@ -252,7 +264,8 @@ class TargetCostModel:
         """`points` / `draft`: the measured seconds; `interpolated`: what the model fills in between (not read back)."""
         return {"points": self.points, "draft": self.draft, "context_length": self.context_length,
                 "device": self.device, "dtype": self.dtype, "threads": self.threads, "key": self.key,
-                "description": self.description, "interpolated": self.interpolated()}
+                "description": self.description, **({"assumptions": self.assumptions} if self.assumptions else {}),
+                "interpolated": self.interpolated()}
 
     def save(self, path) -> None:
         path = Path(path)
@@ -262,13 +275,16 @@ class TargetCostModel:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path) -> "TargetCostModel":
+    def load(cls, path, implicit: bool = False) -> "TargetCostModel":
+        """A saved cost model. `implicit=True` for one found beside a checkpoint (applied only where it was
+        measured); one the user loads and passes is applied on any device (a simulated device)."""
         data = json.loads(Path(path).read_text())
         points = {int(b): {int(n): float(s) for n, s in row.items()} for b, row in data["points"].items()}
         draft = {int(b): float(s) for b, s in data.get("draft", {}).items()}
         return cls(points=points, draft=draft, context_length=data.get("context_length", 256),
                    device=data.get("device", ""), dtype=data.get("dtype", ""), threads=int(data.get("threads", 0)),
-                   key=data.get("key", ""), description=data.get("description", ""))
+                   key=data.get("key", ""), description=data.get("description", ""),
+                   assumptions=data.get("assumptions", ""), implicit=implicit)
 
 
 def _drafting_step(target, drafter, b: int):
@@ -319,12 +335,25 @@ def cache_path(target, drafter=None) -> Path:
     return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
 
 
+_SIMULATED: set[int] = set()  # ids of explicitly passed foreign cost models already logged
+
+
+def shipped_cost_model(name: str) -> TargetCostModel:
+    """A reference device's cost model shipped in `adaflash_hf/cost_models/NAME.json` (explicit: applied as given)."""
+    path = Path(__file__).resolve().parent.parent / "cost_models" / f"{name}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in path.parent.glob("*.json"))
+        raise FileNotFoundError(f"no shipped cost model {name!r}; shipped: {', '.join(names) or 'none'}")
+    return TargetCostModel.load(path)
+
+
 def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCostModel | None = None,
                    calibrate: bool = True, progress: bool = True) -> TargetCostModel | None:
     """The cost model of `target` (+ `drafter`) on the target's current device, dtype and CPU threads.
 
     `candidate` (e.g. one shipped with a length head) is used when it was measured on this device/dtype/threads and
-    covers `batch_sizes`. Otherwise the cached measurement for this setup (`cache_path`) is loaded; when it does not
+    covers `batch_sizes`; one from another device is used as given when it was passed explicitly (not `implicit`:
+    a simulated device, logged once per model). Otherwise the cached measurement for this setup (`cache_path`) is loaded; when it does not
     reach `max(batch_sizes)` rows (or there is none), rows 1 and `max(batch_sizes)` are measured (logged, with a
     progress bar unless `progress=False`), under a file lock so that only one thread or process measures at a time
     (the others wait, then read what it wrote), and cached. `calibrate=False` returns the cached model or None
@@ -334,9 +363,16 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
     if candidate is not None and candidate.describes(target.device, dtype, threads):
         if candidate.covers(max(batch_sizes), drafts=drafter is not None):
             return candidate
+    elif candidate is not None and not candidate.implicit:
+        if id(candidate) not in _SIMULATED:
+            _SIMULATED.add(id(candidate))
+            logger.warning("deciding with the costs of %s (%s), passed explicitly, not with this %s's: a simulated "
+                           "device (outputs are unchanged; measured speeds are this machine's)",
+                           candidate.device or "an unnamed device", candidate.dtype or "?", device_name(target.device))
+        return candidate
     elif candidate is not None:
         logger.warning("cost model measured on %s (%s, threads=%s) does not describe %s (%s, threads=%s): using one "
-                       "measured here instead", candidate.device or "an unknown device", candidate.dtype or "?",
+                       "measured here instead (pass one explicitly to simulate another device)", candidate.device or "an unknown device", candidate.dtype or "?",
                        candidate.threads or "?", device_name(target.device), dtype, threads)
     path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
     model = TargetCostModel.load(path) if path.is_file() else None
@@ -392,4 +428,4 @@ def best_length(survival: torch.Tensor, cost: TargetCostModel | None, fixed_seco
 
 
 __all__ = ["TargetCostModel", "best_length", "cache_path", "calibration_tokens", "cost_key", "cost_model_for",
-           "device_name", "synchronize", "verify_lengths"]
+           "device_name", "shipped_cost_model", "synchronize", "verify_lengths"]

@@ -167,7 +167,8 @@ def load_dflash_checkpoint(path, *, dtype: torch.dtype | None = None, device="cp
 
 
 def load_length_head_folder(folder):
-    """`(AdaFlashLengthHead, TargetCostModel or None)` from a `length_head/` folder (safetensors only)."""
+    """`(AdaFlashLengthHead, TargetCostModel or None)` from a `length_head/` folder (safetensors only). The cost
+    model arrived beside a checkpoint: it is `implicit`, applied only on the device it was measured on."""
     from ..generation.cost_model import TargetCostModel
 
     folder = Path(folder)
@@ -176,7 +177,7 @@ def load_length_head_folder(folder):
     except ValueError as e:  # its own copy of the checks raises its own CheckpointError class
         raise CheckpointError(str(e)) from None
     cost_file = folder / COST_MODEL_FILE
-    return head, (TargetCostModel.load(cost_file) if cost_file.is_file() else None)
+    return head, (TargetCostModel.load(cost_file, implicit=True) if cost_file.is_file() else None)
 
 
 def save_drafter_folder(drafter: AdaFlashDrafterModel, out_dir, *, length_head=None, cost_model=None) -> Path:

@@ -1,0 +1,140 @@
+"""A simulated device: an explicitly passed cost model decides (any device); projections of the forwards run here."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from adaflash_hf import SpeculationRuntime, generate_batch
+from adaflash_hf.bench.projection import ForwardLog, ForwardProbe, project_bench, projected_seconds
+from adaflash_hf.bench.runner import Measurement
+from adaflash_hf.generation import cost_model as cost_module
+from adaflash_hf.generation.cost_model import TargetCostModel, cost_model_for, shipped_cost_model
+
+from .conftest import build_drafter, make_oracle, make_tiny_target, speculate
+
+
+def foreign(points, draft, implicit=False):
+    """A cost model measured on another device (never this CPU)."""
+    return TargetCostModel(points=points, draft=draft, device="cuda:Simulated GPU", dtype="float32", threads=0,
+                           implicit=implicit)
+
+
+SYNTHETIC = foreign({1: {1: 0.010, 4: 0.016}, 4: {1: 0.020, 4: 0.032}}, {1: 0.002, 4: 0.004})
+
+
+def test_projection_equals_a_hand_computation():
+    log = ForwardLog(target=[(1, 30), (1, 1), (1, 4), (4, 2)], drafter=[1, 4], target_seconds=0.5,
+                     drafter_seconds=0.1, wall_seconds=0.8)
+    # host 0.8 - 0.5 - 0.1 = 0.2; prefill (30 tokens) as the widest measured width (4): 0.016; (1, 1): 0.010;
+    # (1, 4): 0.016; (4 rows, 2 tokens): 0.020 + (0.032 - 0.020) / 3 = 0.024; drafting: 0.002 + 0.004.
+    assert projected_seconds(log, SYNTHETIC) == pytest.approx(0.2 + 0.016 + 0.010 + 0.016 + 0.024 + 0.006)
+    assert projected_seconds(ForwardLog(target=[(1, 1)], partial=1), SYNTHETIC) is None  # early exit: not projected
+
+
+def test_projected_block_is_per_method_and_apart_from_measurements():
+    def m(method, seconds, log):
+        log.wall_seconds = seconds
+        return Measurement(method=method, domain="code", new_tokens=10, seconds=seconds, identical=True,
+                           target_forwards=len(log.target), forwards=log)
+
+    plain = ForwardLog(target=[(1, 1)] * 10, target_seconds=0.9)  # host 0.1 + 10 x 0.010 = 0.2 s
+    spec = ForwardLog(target=[(1, 1)] + [(1, 4)] * 3, drafter=[1] * 3, target_seconds=0.6, drafter_seconds=0.3)
+    block = project_bench([m("plain", 1.0, plain), m("adaflash", 1.0, spec)], SYNTHETIC, "x.json")
+    assert block["device"] == "cuda:Simulated GPU" and block["file"] == "x.json" and "not measured" in block["note"]
+    assert block["methods"]["plain"]["overall"]["tokens_per_s"] == pytest.approx(10 / 0.2)
+    spec_s = 0.1 + 0.010 + 3 * 0.016 + 3 * 0.002
+    assert block["methods"]["adaflash"]["overall"]["tokens_per_s"] == pytest.approx(10 / spec_s)
+    assert block["methods"]["adaflash"]["domains"]["code"]["speedup"] == pytest.approx(0.2 / spec_s)
+    json.dumps(block)
+
+
+def test_the_probe_logs_the_forwards_the_rounds_ran():
+    target = make_tiny_target(seed=60, num_layers=2)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    reference = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    drafter = make_oracle(target, reference, block_size=5, error_rate=0.3)
+    probe = ForwardProbe(target, drafter)
+    try:
+        out, stats = speculate(target, prompt, drafter, max_new_tokens=20, do_sample=False)
+    finally:
+        probe.close()
+    assert torch.equal(out, reference)
+    log = probe.log
+    assert log.target[0] == (1, 5) and len(log.target) == stats.rounds + 1  # the prefill, then one per round
+    assert [n for _, n in log.target[1:]] == [d + 1 for d in stats.drafted]
+    assert len(log.drafter) == stats.proposers.count("drafter") and set(log.drafter) == {1}
+    assert log.partial == 0 and log.target_seconds > 0 and log.drafter_seconds > 0
+
+
+def test_an_explicit_foreign_cost_model_is_applied_an_implicit_one_never(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("ADAFLASH_HF_CACHE", str(tmp_path))
+    target = make_tiny_target(num_layers=1)
+    drafter = build_drafter(target)
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(lambda *a, **k: pytest.fail("calibrated")))
+    with caplog.at_level(logging.WARNING, logger=cost_module.__name__):
+        assert cost_model_for(target, drafter, batch_sizes=(1, 4), candidate=SYNTHETIC) is SYNTHETIC
+    assert "simulated device" in caplog.text
+    implicit = foreign(SYNTHETIC.points, SYNTHETIC.draft, implicit=True)
+    assert cost_model_for(target, drafter, candidate=implicit, calibrate=False) is None  # nothing cached here
+    SYNTHETIC.save(tmp_path / "c.json")
+    assert not TargetCostModel.load(tmp_path / "c.json").implicit
+    assert TargetCostModel.load(tmp_path / "c.json", implicit=True).implicit
+    assert "implicit" not in json.loads((tmp_path / "c.json").read_text())
+
+
+def test_a_length_head_folders_cost_model_is_implicit(tmp_path):
+    from adaflash_hf.checkpoints import length_head_dir
+    from adaflash_hf.interop import load_length_head_folder
+
+    folder = length_head_dir()
+    if folder is None:
+        pytest.skip("no shipped length head")
+    _, cost = load_length_head_folder(folder)
+    assert cost is not None and cost.implicit
+
+
+def test_the_shipped_h200_cost_model_states_its_assumptions():
+    cost = shipped_cost_model("h200-smollm2-135m")
+    assert cost.device == "cuda:NVIDIA H200" and cost.dtype == "float32" and not cost.implicit
+    assert cost.draft_seconds(1) == pytest.approx(0.003) and "NOT measured" in cost.assumptions
+    assert 0.015 < cost.seconds(16, 64) < 0.025 and 0.015 < cost.seconds(1, 1) < 0.025  # flat, launch-bound
+    assert shipped_cost_model("h200-smollm2-135m-bf16").dtype == "bfloat16"
+    with pytest.raises(FileNotFoundError, match="h200-smollm2-135m"):
+        shipped_cost_model("nope")
+
+
+def test_outputs_equal_plain_greedy_whatever_foreign_cost_model_decides():
+    target = make_tiny_target(seed=61)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], [9, 8, 9, 8, 9, 8]]
+    plain = generate_batch(target, None, prompts, 10)
+    costs = {"h200": shipped_cost_model("h200-smollm2-135m"),
+             "dear drafting": foreign({1: {1: 1.0, 5: 1.1}, 4: {1: 1.2, 5: 1.3}}, {1: 50.0, 4: 50.0}),
+             "free drafting": foreign({1: {1: 1.0, 5: 1.0}, 4: {1: 1.0, 5: 1.0}}, {1: 1e-6, 4: 1e-6})}
+    sources = {}
+    for name, cost in costs.items():
+        drafter = build_drafter(target, block_size=5, seed=3, hybrid_lookup=True, allow_no_draft=True)
+        SpeculationRuntime(cost_model=cost).attach(drafter)
+        rows, stats = generate_batch(target, drafter, prompts, 10, return_stats=True)
+        assert rows == plain, name
+        drafter.runtime.policy.reset()
+        for p, expected in zip(prompts, plain):
+            out, bs1 = speculate(target, torch.tensor([p]), drafter, max_new_tokens=10, do_sample=False)
+            assert out[0, len(p):].tolist() == expected, name
+        sources[name] = (str(stats.sources), str(bs1.proposers))
+    assert len(set(sources.values())) > 1  # the foreign costs did decide
+
+
+def test_cost_model_flag_takes_a_file_or_a_shipped_name(tmp_path, capsys):
+    from adaflash_hf.bench.args import cost_model_file
+
+    assert cost_model_file("h200-smollm2-135m").name == "h200-smollm2-135m.json"
+    with pytest.raises(SystemExit) as exit_info:
+        cost_model_file(str(tmp_path / "missing.json"))
+    assert exit_info.value.code == 2 and "shipped cost models: h200-smollm2-135m" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"points": {}}')
+    with pytest.raises(SystemExit):
+        cost_model_file(str(bad))
+    assert "not a cost model JSON" in capsys.readouterr().err

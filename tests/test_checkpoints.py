@@ -1,18 +1,18 @@
 """The shipped checkpoints: code copies kept in sync (`auto_map`), architecture-only configs, generation configs."""
 
 import json
-import subprocess
-import sys
 
 from adaflash_hf import AdaFlashDrafterModel, AdaFlashGenerationConfig
-from adaflash_hf.checkpoints import HERE, OFFLINE_DRAFTER, OPD_DRAFTER, OPD_PARENT_DRAFTER, code_copies, stale_copies
+from adaflash_hf.checkpoints import (HERE, LENGTH_HEAD, OFFLINE_DRAFTER, OPD_DRAFTER, OPD_PARENT_DRAFTER, REPO_CHECKPOINTS,
+                                     checkpoint_dir, code_copies, stale_copies)
 from adaflash_hf.models.drafter.configuration_adaflash_drafter import LEGACY_GENERATION_KEYS
 
 
 def test_code_copies_equal_their_source():
-    # three drafters and one length head, three files each (config, modeling, checkpoint_checks), and the length
-    # head's package copy of checkpoint_checks.py
+    # three drafters (one shipped, two repository-level) and one length head, three files each (config, modeling,
+    # checkpoint_checks), and the length head's package copy of checkpoint_checks.py
     assert len(code_copies()) == 13
+    assert sum(copy.is_relative_to(REPO_CHECKPOINTS) for _, copy in code_copies()) == 6
     assert stale_copies() == [], "run `python -m adaflash_hf.checkpoints --fix-copies`"
 
 
@@ -31,17 +31,20 @@ def test_fix_copies_repairs_a_drifted_copy(tmp_path, monkeypatch):
 
 
 def test_the_check_command_passes_when_clean():
-    result = subprocess.run([sys.executable, "-m", "adaflash_hf.checkpoints"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    # `python -m adaflash_hf.checkpoints`, in-process (a subprocess would spend its time importing torch)
+    from adaflash_hf.checkpoints.__main__ import main
+
+    assert main([]) == 0
 
 
 def test_shipped_drafter_configs_hold_architecture_only():
     for name in (OFFLINE_DRAFTER, OPD_PARENT_DRAFTER, OPD_DRAFTER):
-        config = json.loads((HERE / name / "config.json").read_text())
+        folder = checkpoint_dir(name)
+        config = json.loads((folder / "config.json").read_text())
         assert not set(LEGACY_GENERATION_KEYS) & set(config), name
-        knobs = AdaFlashGenerationConfig.from_pretrained(HERE / name)
+        knobs = AdaFlashGenerationConfig.from_pretrained(folder)
         assert knobs.hybrid_lookup and knobs.allow_no_draft and knobs.prompt_lookup_num_tokens == 10
-        drafter = AdaFlashDrafterModel.from_pretrained(HERE / name)
+        drafter = AdaFlashDrafterModel.from_pretrained(folder)
         assert drafter.generation_config.to_dict() == knobs.to_dict() and drafter.runtime is None
 
 
@@ -60,3 +63,11 @@ def test_legacy_decoding_keys_in_config_json_migrate_to_the_generation_config(tm
     loaded.save_pretrained(tmp_path / "resaved")
     assert "hybrid_lookup" not in json.loads((tmp_path / "resaved" / "config.json").read_text())
     assert json.loads((tmp_path / "resaved" / "generation_config.json").read_text())["hybrid_lookup"] is False
+
+
+def test_only_the_default_drafter_and_the_length_head_live_in_the_package():
+    """The wheel carries what the demo and the documented default use; `-v1` and `-opd` stay in the repository."""
+    assert sorted(p.name for p in HERE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(
+        [OFFLINE_DRAFTER, LENGTH_HEAD])
+    for name in (OPD_PARENT_DRAFTER, OPD_DRAFTER):
+        assert checkpoint_dir(name) == REPO_CHECKPOINTS / name and (checkpoint_dir(name) / "config.json").is_file()

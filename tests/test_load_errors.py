@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from adaflash_hf import AdaFlashDrafterModel, AdaFlashLengthHead, AdaFlashLengthHeadConfig
 from adaflash_hf.bench.args import fail_on_load_error
-from adaflash_hf.checkpoints import HERE, LENGTH_HEAD, OFFLINE_DRAFTER, OPD_DRAFTER, OPD_PARENT_DRAFTER
+from adaflash_hf.checkpoints import HERE, LENGTH_HEAD, OFFLINE_DRAFTER, OPD_DRAFTER, OPD_PARENT_DRAFTER, checkpoint_dir
 from adaflash_hf.cli import main as cli
 from adaflash_hf.interop import CheckpointError
 from adaflash_hf.interop.__main__ import main as interop_cli
@@ -294,9 +294,9 @@ def test_cli_bench_with_a_truncated_drafter_prints_one_line_and_exits_2(saved, t
 
 def test_shipped_checkpoints_pass_the_checks_and_load():
     for name in (OFFLINE_DRAFTER, OPD_PARENT_DRAFTER, OPD_DRAFTER):
-        written = json.loads((HERE / name / "config.json").read_text())
+        written = json.loads((checkpoint_dir(name) / "config.json").read_text())
         assert set(DRAFTER_REQUIRED) <= set(written), name
-        config = AdaFlashDrafterModel.check_pretrained(HERE / name)
+        config = AdaFlashDrafterModel.check_pretrained(checkpoint_dir(name))
         assert (config.block_size, config.mask_token_id, config.num_hidden_layers) == (8, 16, 2)
     head = AdaFlashLengthHead.from_pretrained(HERE / LENGTH_HEAD)
     assert set(HEAD_REQUIRED) <= set(json.loads((HERE / LENGTH_HEAD / "config.json").read_text()))

@@ -342,14 +342,15 @@ def _records(max_prompts):
 
 
 def section_a(args, cfg, models) -> dict:
-    from ..checkpoints import HERE, opd_parent_dir
+    from ..checkpoints import checkpoint_dir, opd_parent_dir
     from .compare import run_compare
 
     # OPD is judged against the offline drafter it was fine-tuned from (not whatever the default drafter is now)
     offline = Path(args.offline_drafter) if getattr(args, "offline_drafter", None) else opd_parent_dir()
-    opd = Path(args.opd_drafter) if args.opd_drafter else HERE / OPD_DRAFTER
+    opd = Path(args.opd_drafter) if args.opd_drafter else checkpoint_dir(OPD_DRAFTER)
     if offline is None:
-        return _not_available("no shipped offline drafter that the OPD drafter started from (adaflash_hf/checkpoints)")
+        return _not_available("no offline drafter that the OPD drafter started from (checkpoints/ of the source "
+                              "repository; not in the wheel): pass --offline-drafter PATH")
     if not (opd / "config.json").is_file():
         return _not_available(f"no OPD drafter at {opd} (no config.json): train one with examples/train_opd.py "
                               "and commit it there, or pass --opd-drafter PATH")
@@ -508,7 +509,7 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", type=_sections_arg, default=SECTIONS, help="subset of a,b,c,d (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--opd-drafter", type=existing_dir("--opd-drafter"), default=None,
-                   help=f"OPD drafter (default: adaflash_hf/checkpoints/{OPD_DRAFTER})")
+                   help=f"OPD drafter (default: checkpoints/{OPD_DRAFTER} of the source repository)")
     p.add_argument("--offline-drafter", type=existing_dir("--offline-drafter"), default=None,
                    help="the offline drafter the OPD drafter was fine-tuned from (default: the shipped OPD drafter's "
                         "parent)")

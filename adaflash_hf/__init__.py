@@ -4,7 +4,12 @@
 `target.generate(**inputs, assistant_model=drafter)` use `AdaFlashCandidateGenerator`.
 """
 
-from .generation import (
+from .compat import check_transformers as _check_transformers
+
+
+_check_transformers()  # before anything is wrapped: on a changed transformers internal, refuse in one line
+
+from .generation import (  # noqa: E402
     AdaFlashBatchGenerator,
     AdaFlashCandidateGenerator,
     SpeculationRuntime,
@@ -15,8 +20,8 @@ from .generation import (
     generate_batch,
     speculative_decoding,
 )
-from .generation import install as _install_generation_hook
-from .models import (
+from .generation import install as _install_generation_hook  # noqa: E402
+from .models import (  # noqa: E402
     AdaFlashDrafterConfig,
     AdaFlashDrafterModel,
     AdaFlashGenerationConfig,

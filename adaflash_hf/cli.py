@@ -191,6 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except ImportError as exc:  # an optional dependency (pip extra) that is not installed: one line naming it
+        from .utils.extras import missing_extra_message
+
+        message = missing_extra_message(exc, f"adaflash-hf {getattr(args, 'command', None) or ''}".strip())
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
     if args.command == "report":
         from .bench.report import main_report
 

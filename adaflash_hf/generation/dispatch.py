@@ -8,7 +8,10 @@ a drafter loaded with `trust_remote_code` counts too); in every other case it ca
 decoding, prompt lookup, ordinary assistant models, `speculation_type="dflash"`, ...):
 
 * `_validate_generation_mode`: refuses a mismatched target/drafter pair with one clear `ValueError` before any
-  compute (and before transformers' own checks, whose messages talk about tokenizers).
+  compute (and before transformers' own checks, whose messages talk about tokenizers), and `num_return_sequences`
+  > 1 with one pointing to `adaflash_hf.generate_batch` (transformers' assisted generation serves one sequence).
+  A batch of several prompts is refused the same way when `_assisted_decoding` starts (the first point where the
+  batch size is known), before any compute.
 * `_get_candidate_generator`: returns `AdaFlashCandidateGenerator` when no other speculation mode was asked for.
   `speculation_type="dflash"` keeps transformers' own `DFlashTokenCandidateGenerator` (the native path).
 * `_assisted_decoding`: adds this call's `SpeculationStats` to the output as `output.speculation_stats` when
@@ -65,11 +68,21 @@ def _uses_other_speculation(generation_config) -> bool:
     )
 
 
+def _one_sequence_only(what: str) -> ValueError:
+    return ValueError(
+        f"generate(assistant_model=<AdaFlash drafter>) decodes one sequence per call (transformers' assisted "
+        f"generation), got {what}: for batches use adaflash_hf.generate_batch(target, drafter, prompts, "
+        f"max_new_tokens=...) (or adaflash_hf.batched_generate(target, input_ids, attention_mask, drafter=drafter) "
+        f"for generate-style tensors); for several samples of one prompt, repeat the prompt in that batch.")
+
+
 def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
     drafter = generation_mode_kwargs.get("assistant_model")
     if is_adaflash_drafter(drafter):
         check_pair(self, drafter, tokenizer=generation_mode_kwargs.get("tokenizer"),
                    assistant_tokenizer=generation_mode_kwargs.get("assistant_tokenizer"))
+        if (generation_config.num_return_sequences or 1) > 1 and not _uses_other_speculation(generation_config):
+            raise _one_sequence_only(f"num_return_sequences={generation_config.num_return_sequences}")
     return _ORIGINALS["_validate_generation_mode"](self, generation_mode, generation_config, generation_mode_kwargs)
 
 
@@ -97,6 +110,8 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     if not is_adaflash_drafter(assistant_model) or _uses_other_speculation(generation_config):
         return original(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
                         assistant_model=assistant_model, **kwargs)
+    if input_ids.shape[0] > 1:
+        raise _one_sequence_only(f"a batch of {input_ids.shape[0]} sequences")
     call = {"stats": SpeculationStats(), "generators": []}
     token = _CALL.set(call)
     try:

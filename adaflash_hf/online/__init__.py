@@ -1,5 +1,14 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""OnlineSpec: the drafter keeps learning from verification feedback while it serves (LoRA via PEFT)."""
+"""OnlineSpec: the drafter keeps learning from verification feedback while it serves (LoRA via PEFT).
+
+Needs the `online` extra (`pip install 'adaflash-hf[online]'`: peft).
+"""
+
+from ..utils.extras import require
+
+
+require("adaflash_hf.online (OnlineSpec)", "peft")
+
 
 from .adapter import OnlineSpecAdapter, OnlineStats
 from .background import BackgroundUpdates

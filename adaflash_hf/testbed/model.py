@@ -170,6 +170,9 @@ def ensure_converted(dtype_storage: torch.dtype = torch.float32) -> Path:
     with file_lock(target.parent / f".{target.name}.lock"):
         if _is_complete(target):  # converted by another process while we waited
             return target
+        from ..utils.extras import require
+
+        require("converting the testbed model from GGUF", "gguf")
         gguf = ensure_gguf()
         start = time.perf_counter()
         logger.info("Converting %s to a safetensors folder (first time only, ~30 s) ...", gguf.name)

@@ -1,4 +1,13 @@
-"""Training: offline DFlash-recipe drafter training (and, later, OPD and the length head)."""
+"""Training: offline DFlash-recipe drafter training, OPD and the length head.
+
+Needs the `train` extra (`pip install 'adaflash-hf[train]'`: trl, peft, accelerate, datasets).
+"""
+
+from ..utils.extras import require
+
+
+require("adaflash_hf.training", "datasets", "accelerate", "trl")
+
 
 from .blocks import block_attention_mask, block_labels, draft_blocks, position_weights, sample_anchors
 from .callbacks import ComputeBudgetCallback, EvalCurveCallback

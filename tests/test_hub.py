@@ -310,11 +310,30 @@ def test_templates_ship_in_the_wheel(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         archive.extractall(tmp_path / "site")
-    assert {f"adaflash_hf/model_cards/{n}.md" for n in TEMPLATE_NAMES} <= names
+    # The wheel carries what the demo and the documented default use, and nothing else that is not code: the
+    # default drafter and the length head (OPD's `-v1` parent and `-opd` stay in the repository's checkpoints/).
+    assert wheel.stat().st_size < 25e6, f"wheel is {wheel.stat().st_size / 1e6:.1f} MB"
+    drafter, head = "adaflash_hf/checkpoints/smollm2-135m-instruct-drafter/", \
+        "adaflash_hf/checkpoints/smollm2-135m-instruct-length-head/"
+    data = {n for n in names if not n.endswith(".py") and ".dist-info/" not in n}
+    cost_models = {n for n in data if n.startswith("adaflash_hf/cost_models/")}  # small measured cost models (JSON)
+    with zipfile.ZipFile(wheel) as archive:
+        assert all(archive.getinfo(n).file_size < 1e6 for n in cost_models)
+    assert data - cost_models == {
+        *(drafter + f for f in ("README.md", "config.json", "generation_config.json", "model.safetensors",
+                                "training_summary.json")),
+        *(head + f for f in ("README.md", "config.json", "cost_model.json", "model.safetensors",
+                             "training_summary.json")),
+        *(f"adaflash_hf/model_cards/{n}.md" for n in TEMPLATE_NAMES),
+        "adaflash_hf/testbed/data/eval_prompts.jsonl",
+    }
+    assert {n.split("/")[2] for n in names if n.startswith("adaflash_hf/checkpoints/") and n.count("/") > 2} == {
+        drafter.split("/")[2], head.split("/")[2]}
     # The shipped checkpoints travel with their model code (`auto_map`) and their generation config.
     from adaflash_hf.checkpoints import code_copies
 
-    shipped = {"adaflash_hf/" + str(copy.relative_to(REPO_ROOT / "adaflash_hf")) for _, copy in code_copies()}
+    shipped = {"adaflash_hf/" + str(copy.relative_to(REPO_ROOT / "adaflash_hf")) for _, copy in code_copies()
+               if copy.is_relative_to(REPO_ROOT / "adaflash_hf")}
     assert shipped and shipped <= names
     assert "adaflash_hf/checkpoints/smollm2-135m-instruct-drafter/generation_config.json" in names
     script = (

@@ -138,3 +138,33 @@ def test_cost_model_flag_takes_a_file_or_a_shipped_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cost_model_file(str(bad))
     assert "not a cost model JSON" in capsys.readouterr().err
+
+
+def test_report_prints_the_projection_apart_and_verdicts_ignore_it(tmp_path):
+    from adaflash_hf.bench import report
+    from adaflash_hf.cli import build_parser
+
+    from .test_report import HEADER, concurrency_data, ok, speedup_data
+
+    def methods(rate, speedup):
+        return {"overall": {"tokens_per_s": rate, "speedup": speedup}, "domains": {}}
+
+    d = speedup_data(1.24)
+    before = report.VERDICTS["d"](d)
+    d["projected"] = {"device": "cuda:NVIDIA H200", "dtype": "float32", "note": "projected, not measured",
+                      "assumptions": "draft: NOT measured", "methods": {"plain": methods(45.0, 1.0),
+                                                                        "adaflash": methods(70.0, 1.56)}}
+    b = concurrency_data([20, 30], [25, 29])
+    b["projected"] = {"device": "cuda:NVIDIA H200", "dtype": "float32", "note": "projected, not measured",
+                      "concurrency": {"4": {"fixed_block": 300.0, "transformers_cb": None}}}
+    assert report.VERDICTS["d"](d) == before
+    text = report.write_report({"b": ok(b), "d": ok(d)}, HEADER, tmp_path).read_text()
+    for needle in ("Projected on cuda:NVIDIA H200 (float32): **not measured**", "| adaflash | 70.0 | 1.56x |",
+                   "| 4 | 300.0 | - |", "Assumes: draft: NOT measured"):
+        assert needle in text, needle
+    args = build_parser().parse_args(["report", "--cost-model", "h200-smollm2-135m"])
+    assert args.cost_model.name == "h200-smollm2-135m.json"
+    assert report.command_line(args).endswith(f"--cost-model {args.cost_model}")
+    args = build_parser().parse_args(["bench", "--cost-model", "h200-smollm2-135m-bf16"])
+    assert args.cost_model.name == "h200-smollm2-135m-bf16.json"
+    assert build_parser().parse_args(["bench-serving", "--cost-model", "h200-smollm2-135m"]).cost_model

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from ..checkpoints import LENGTH_HEAD, OPD_DRAFTER
-from .args import existing_dir, positive_int
+from .args import cost_model_file, existing_dir, positive_int
 from .models import DEVICES
 
 
@@ -266,6 +266,7 @@ def render_section(key: str, section: dict, output_dir: Path) -> tuple[list[str]
     verdict, why = VERDICTS[key](data)
     setup = _setup_line(key, section)
     lines += ([setup, ""] if setup else []) + TABLES[key](data) + ["", f"**Verdict: {verdict}.** {why}.", ""]
+    lines += projected_lines(data)
     if section.get("note"):
         lines += [section["note"], ""]
     plot, name = PLOTS[key]
@@ -379,12 +380,12 @@ def section_b(args, cfg, models) -> dict:
     attach_length_head(drafter, head_dir)
     data = run_serving(target, tokenizer, drafter, _records(None), levels=cfg["levels"],
                        max_new_tokens=cfg["max_new_tokens"], max_requests=cfg["max_requests"], repeats=args.repeats,
-                       seed=args.seed, progress=False)
+                       seed=args.seed, progress=False, cost_model_path=getattr(args, "cost_model", None))
     return {"status": "ok", "data": data,
             "config": {"levels": ",".join(map(str, cfg["levels"])), "max new tokens": cfg["max_new_tokens"],
                        "requests": f"4 x concurrency, at most {cfg['max_requests']}, all queued at t=0",
                        "prompts": "held-out prompts in order", "dtype": "float32", "device": str(target.device),
-                       "length head": str(head_dir), "repeats": args.repeats}}
+                       "length head": str(head_dir), "repeats": args.repeats, **_cost_model_setup(args)}}
 
 
 def section_c(args, cfg, models) -> dict:
@@ -420,15 +421,48 @@ def section_d(args, cfg, models) -> dict:
 
         SpeculationRuntime(length_head=head.to(drafter.dtype).eval(), cost_model=cost).attach(drafter)
         methods = (*BENCH_D_METHODS, *LENGTH_METHODS)
+    from .models import apply_cost_model
+
+    projected_on = apply_cost_model(drafter, getattr(args, "cost_model", None))  # decides; projected separately
     measured = run_benchmark(target, tokenizer, drafter, records, methods=methods,
                              max_new_tokens=cfg["max_new_tokens"], progress=False, repeats=args.repeats)
     data = summarize(measured, block_size=drafter.config.block_size)
+    if projected_on is not None:
+        from .projection import project_bench
+
+        data["projected"] = project_bench(measured, projected_on, args.cost_model)
     data["config"] = {"dtype": "float32", "device": str(target.device), "max_new_tokens": cfg["max_new_tokens"],
                       "repeats": args.repeats}
     return {"status": "ok", "data": data,
             "config": {"prompts per domain": cfg["max_prompts"], "held-out prompts": len(records),
                        "max new tokens": cfg["max_new_tokens"], "dtype": "float32", "decoding": "greedy",
-                       "methods": ", ".join(methods) + " (interleaved prompt by prompt)"}}
+                       "methods": ", ".join(methods) + " (interleaved prompt by prompt)", **_cost_model_setup(args)}}
+
+
+def _cost_model_setup(args) -> dict:
+    path = getattr(args, "cost_model", None)
+    return {"cost model": f"{Path(path).name} (decides the rounds; its projection is reported apart)"} if path else {}
+
+
+def projected_lines(data: dict) -> list[str]:
+    """The PROJECTED table of a section run with --cost-model: apart from the measured table, never in a verdict."""
+    block = data.get("projected")
+    if not block:
+        return []
+    lines = [f"Projected on {block['device']} ({block['dtype']}): **not measured**; {block['note']}."]
+    if block.get("assumptions"):
+        lines[-1] += f" Assumes: {block['assumptions']}"
+    lines.append("")
+    if "methods" in block:  # bs=1
+        rows = [[m, _fmt(d["overall"]["tokens_per_s"], ".1f"),
+                 "-" if d["overall"]["speedup"] is None else f"{d['overall']['speedup']:.2f}x"]
+                for m, d in block["methods"].items()]
+        lines += _table(["method", "projected tok/s", "projected speed-up"], rows)
+    else:  # concurrency levels
+        methods = sorted({m for rates in block["concurrency"].values() for m in rates})
+        rows = [[level, *[_fmt(rates.get(m), ".1f") for m in methods]] for level, rates in block["concurrency"].items()]
+        lines += _table(["concurrency", *[f"{m} projected tok/s" for m in methods]], rows)
+    return lines + [""]
 
 
 RUNNERS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d}
@@ -451,7 +485,7 @@ def command_line(args) -> str:
         parts += ["--sections", ",".join(args.sections)]
     if args.seed:
         parts += ["--seed", str(args.seed)]
-    for flag in ("opd_drafter", "offline_drafter", "control_drafter", "length_head"):
+    for flag in ("opd_drafter", "offline_drafter", "control_drafter", "length_head", "cost_model"):
         if getattr(args, flag, None):
             parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if getattr(args, "device", "auto") != "auto":
@@ -518,6 +552,9 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
                    help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
     p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")
+    p.add_argument("--cost-model", type=cost_model_file, default=None,
+                   help="a cost model of another device (file or shipped name, e.g. h200-smollm2-135m): sections (b) "
+                        "and (d) decide with its costs and add a PROJECTED table (not measured, not in the verdicts)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the models run (auto: the accelerator when there is one, else the CPU)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=DEFAULT_REPEATS,

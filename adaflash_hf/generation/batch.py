@@ -18,8 +18,9 @@ A round, for all active rows at once, in named steps (`_round`):
    "lookup" arm: no drafter forward, rows with a match verify their continuation. "plain": no proposals.
 3. `_verify`: ONE target forward over `[anchor, d_1 .. d_L]` for every row (padded, padding masked), with
    `output_hidden_states` at `target_layer_ids + 1`.
-4. `_accept`: each row accepts its own prefix: greedy, the longest prefix equal to the target's argmax, then the
-   target's token; sampling, speculative rejection sampling (`rejection_sample`).
+4. accept (`SpeculativeSampler.accept`, `sampler.py`, the bs=1 engine's rule too): each row accepts its own prefix:
+   greedy, the longest prefix equal to the target's argmax, then the target's token; sampling, speculative rejection
+   sampling. The call's logits processors apply to the target's and the drafter's logits alike.
 5. `_advance`: caches, positions and the drafter's pending context move on; the policy, the length rule and an
    OnlineSpec adapter (the runtime's) learn from the round; committed tokens are cut after an EOS.
 6. Finished rows (EOS or `max_new_tokens`) leave the batch (`_retire`); with `continuous=True` waiting prompts take
@@ -32,7 +33,8 @@ and `position_ids` count only each row's valid tokens, so every row attends to e
 
 Exactness: in greedy mode every row equals plain greedy decoding of its prompt alone, up to floating-point
 differences between batched/padded and bs=1 forwards (they can only flip exact or near ties of the top-2 logits).
-In sampling mode every row is a sample of the target's distribution (temperature only: no top-k/top-p/processors).
+In sampling mode every row is a sample of what `target.generate` samples with the same knobs (temperature, top-k,
+top-p, repetition penalty, `logits_processor`, ...: each row processed with its own unpadded sequence).
 """
 
 import copy
@@ -46,59 +48,14 @@ from transformers.cache_utils import DFlashCache
 
 from .cost_model import cost_model_for, synchronize
 from .dispatch import check_pair
-from .drafting import LengthChooser, draft_logits, noise_embeds, pick_drafts
+from .drafting import LengthChooser, draft_logits, noise_embeds
 from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
+from .sampler import SpeculativeSampler, rejection_sample
 from .stats import BatchStats
-
-
-def rejection_sample(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, lengths: torch.Tensor,
-                     generator: torch.Generator | None = None,
-                     one_hot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling, independently per row.
-
-    Args:
-        p: `[b, M + 1, V]` target probabilities after the anchor and after each drafted token.
-        q: `[b, M, V]` drafter probabilities the drafts were sampled from; None when `M == 0` or when every row's
-            drafts are deterministic.
-        drafts: `[b, M]` drafted tokens; row r only verifies its first `lengths[r]`.
-        lengths: `[b]` verify lengths (`<= M`).
-        one_hot: `[b]` bool, rows whose drafts are deterministic proposals (n-gram lookup; default: every row when
-            `q` is None, none otherwise): their q is the one-hot of the drafted token, so a draft is accepted with
-            probability `p(d)` and after a rejection the token is drawn from `p` without `d`.
-    Returns:
-        `(accepted [b], next_token [b])`: draft `k` is accepted with probability `min(1, p/q)` while all earlier
-        ones were; at the first rejection the next token is drawn from `norm(max(0, p - q))`; if all `lengths[r]`
-        drafts are accepted it is the bonus token drawn from `p`. The committed tokens then follow `p` exactly.
-    """
-    b, width, _ = p.shape
-    m = width - 1
-    rows = torch.arange(b, device=p.device)
-    if m == 0:
-        accepted = torch.zeros(b, dtype=torch.long, device=p.device)
-        return accepted, torch.multinomial(p[:, 0], 1, generator=generator).squeeze(1)
-    if one_hot is None:
-        one_hot = torch.full((b,), q is None, dtype=torch.bool, device=p.device)
-    p_d = p[:, :m].gather(-1, drafts[..., None]).squeeze(-1)
-    q_d = torch.ones_like(p_d) if q is None else q.gather(-1, drafts[..., None]).squeeze(-1)
-    q_d = torch.where(one_hot[:, None], torch.ones_like(q_d), q_d)
-    u = torch.rand(b, m, device=p.device, generator=generator)
-    ok = (u * q_d < p_d) & (torch.arange(m, device=p.device)[None, :] < lengths[:, None])
-    accepted = ok.long().cumprod(dim=1).sum(dim=1)
-    p_next = p[rows, accepted]  # [b, V]
-    at = accepted.clamp(max=m - 1)
-    q_next = p_next.new_zeros(p_next.shape) if q is None else q[rows, at]
-    if one_hot.any():
-        point = p_next.new_zeros(p_next.shape).scatter_(1, drafts[rows, at][:, None], 1.0)
-        q_next = torch.where(one_hot[:, None], point, q_next)
-    residual = (p_next - q_next).clamp(min=0)
-    mass = residual.sum(dim=-1, keepdim=True)
-    rejected = (accepted < lengths)[:, None] & (mass > 0)
-    dist = torch.where(rejected, residual / mass.clamp(min=torch.finfo(residual.dtype).tiny), p_next)
-    return accepted, torch.multinomial(dist, 1, generator=generator).squeeze(1)
 
 
 @dataclass
@@ -108,9 +65,7 @@ class BatchRun:
     prompts: list[list[int]]
     max_new: int
     eos: set[int]
-    do_sample: bool
-    temperature: float
-    generator: torch.Generator | None
+    sampler: SpeculativeSampler  # the call's logits processors, greedy or sampling, the accept rule
     stats: BatchStats
     lengths: LengthChooser | None = None
     lookup: BatchLookup | None = None
@@ -189,9 +144,10 @@ class AdaFlashBatchGenerator:
     # ------------------------------------------------------------------------------------------------ one run
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
-                 temperature: float = 1.0, max_batch_size: int | None = None, continuous: bool = False,
+                 max_batch_size: int | None = None, continuous: bool = False,
                  attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 arrivals: list[float] | None = None, return_stats: bool = False):
+                 arrivals: list[float] | None = None, return_stats: bool = False, generation_config=None,
+                 logits_processor=None, **sampling):
         """New tokens of every prompt (input order; EOS included when produced); with `return_stats`, also the
         run's `BatchStats`.
 
@@ -201,18 +157,22 @@ class AdaFlashBatchGenerator:
             max_batch_size: most rows decoded together (default: all). Without `continuous`, prompts are decoded in
                 consecutive static batches; with it, a waiting prompt joins as soon as a row finishes.
             generator: RNG for sampling (on the model's device).
+            do_sample, generation_config, logits_processor, **sampling (`temperature`, `top_k`, `top_p`,
+                `repetition_penalty`, any `GenerationConfig` field): the decoding options of `target.generate`, with
+                the target's `generation_config` filling what is unset (`SpeculativeSampler.for_target`); only
+                `do_sample` defaults to False (greedy) whatever the target's config says.
             arrivals: seconds from the start at which each prompt arrives (a request stream, nondecreasing); a prompt
                 is admitted only once it has arrived (default: all at once). Its tokens' commit times are in
                 `BatchStats.token_times`.
         """
         prompts = _prompt_lists(prompts, attention_mask)
-        if do_sample and not temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}.")
+        sampler = SpeculativeSampler.for_target(self.target, generation_config, logits_processor, generator,
+                                                do_sample=do_sample, **sampling)
         if eos_token_id is None:
             eos_token_id = self.target.generation_config.eos_token_id
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or [])
-        run = BatchRun(prompts, int(max_new_tokens), eos, do_sample, float(temperature), generator,
-                       BatchStats.for_prompts(len(prompts)), outputs=[[] for _ in prompts],
+        run = BatchRun(prompts, int(max_new_tokens), eos, sampler, BatchStats.for_prompts(len(prompts)),
+                       outputs=[[] for _ in prompts],
                        done=[False] * len(prompts))
         if arrivals is not None:
             if len(arrivals) != len(prompts) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
@@ -283,7 +243,7 @@ class AdaFlashBatchGenerator:
         cache.check_layers()  # full-attention layers only (before spending a forward)
         out = self.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache.cache, use_cache=True,
                           logits_to_keep=1, output_hidden_states=self.hidden_state_ids)
-        first = self._next_tokens(run, out.logits[:, -1].float())  # [b]
+        first = run.sampler.next_tokens(out.logits[:, -1], self._sequences(run, prompt_idx, prompts_only=True))
         batch = BatchState(list(prompt_idx), first, mask.sum(dim=1), cache, None)
         if self.drafter is not None:
             dmask = torch.zeros(b, 0, dtype=torch.bool, device=self.drafter_param.device)
@@ -334,7 +294,8 @@ class AdaFlashBatchGenerator:
         out = self._verify(batch, proposals)
         t3 = self._clock()
         run.stats.seconds["verify"] += t3 - t2
-        accepted, next_tok = self._accept(run, out.logits, proposals)
+        accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
+                                                proposals.one_hot, self._sequences(run, batch.prompt_idx))
         run.now = self._clock() - run.start  # the round's tokens are available from here on
         self._advance(run, batch, out, proposals, accepted, next_tok)
         run.stats.seconds["accept"] += self._clock() - t3
@@ -362,8 +323,8 @@ class AdaFlashBatchGenerator:
         logits = logits.to(self.device)
         fixed = run.cost.draft_seconds(batch.size) if run.cost is not None else 0.0
         lengths, _ = run.lengths(states, logits, budget, fixed)
-        drafts, q, usable = pick_drafts(logits, vocab_ids, self.vocab_size, run.do_sample, run.temperature,
-                                        run.generator)
+        drafts, q, usable = run.sampler.draft(logits, vocab_ids, self.vocab_size,
+                                              self._sequences(run, batch.prompt_idx))
         lengths = torch.minimum(lengths.to(self.device), usable.to(self.device))  # non-finite: the draft ends there
         m = int(lengths.max()) if lengths.numel() else 0
         drafts, q = drafts[:, :m], (None if q is None else q[:, :m])
@@ -422,22 +383,6 @@ class AdaFlashBatchGenerator:
             output_hidden_states=self.hidden_state_ids)
         out.position_ids = position_ids
         return out
-
-    def _accept(self, run: BatchRun, logits: torch.Tensor, proposals: Proposals):
-        """`(accepted [b], next_token [b])`: each row's accepted prefix and the target's own next token."""
-        drafts, lengths = proposals.drafts, proposals.lengths
-        m = drafts.shape[1]
-        if m == 0:
-            return torch.zeros(drafts.shape[0], dtype=torch.long, device=self.device), \
-                self._next_tokens(run, logits[:, 0].float())
-        if run.do_sample:
-            p = torch.softmax(logits.float() / run.temperature, dim=-1)
-            return rejection_sample(p, proposals.q, drafts, lengths, run.generator, proposals.one_hot)
-        target_tok = logits.argmax(dim=-1)  # [b, m + 1]
-        j = torch.arange(m, device=self.device)
-        match = (drafts == target_tok[:, :m]) & (j[None, :] < lengths[:, None])
-        accepted = match.long().cumprod(dim=1).sum(dim=1)
-        return accepted, target_tok.gather(1, accepted[:, None]).squeeze(1)
 
     def _advance(self, run: BatchRun, batch: BatchState, out, proposals: Proposals, accepted, next_tok) -> None:
         """Caches, context and positions move on; policy, length rule and online adapter learn; tokens commit."""
@@ -503,12 +448,12 @@ class AdaFlashBatchGenerator:
         stats.seconds["online"] += self._clock() - start
 
     # ------------------------------------------------------------------------------------------------ helpers
-    def _next_tokens(self, run: BatchRun, logits: torch.Tensor) -> torch.Tensor:
-        """`[b, V]` logits -> `[b]` tokens (argmax, or a sample at the run's temperature)."""
-        if not run.do_sample:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / run.temperature, dim=-1)
-        return torch.multinomial(probs, 1, generator=run.generator).squeeze(1)
+    def _sequences(self, run: BatchRun, prompt_idx: list[int], prompts_only: bool = False):
+        """Each row's tokens so far (prompt + committed) when the sampler's processors read them, else None."""
+        if not run.sampler.needs_sequences:
+            return None
+        return [torch.tensor(run.prompts[i] + ([] if prompts_only else run.outputs[i]), device=self.device)
+                for i in prompt_idx]
 
     def _context(self, hidden_states) -> torch.Tensor:
         """Target hidden states at `target_layer_ids`, concatenated: `[b, n, len(ids) * H]` in the drafter's dtype."""
@@ -576,25 +521,31 @@ def run_knobs(drafter, generation_config=None, fixed_length: int | None = None, 
 
 
 def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
-                   temperature: float = 1.0, generation_config=None, runtime: SpeculationRuntime | None = None,
+                   generation_config=None, runtime: SpeculationRuntime | None = None,
                    fixed_length: int | None = None, max_batch_size: int | None = None, continuous: bool = False,
                    attention_mask=None, generator: torch.Generator | None = None, arrivals=None,
-                   return_stats: bool = False):
+                   return_stats: bool = False, logits_processor=None, **sampling):
     """Batched speculative decoding: the new tokens of each prompt, in input order (`list[list[int]]`).
 
-    `prompts`: `list[list[int]]`, or `input_ids [b, T]` with `attention_mask`. `generation_config` overrides the
-    drafter's knobs, `runtime` its runtime components (see `AdaFlashBatchGenerator`); `fixed_length=n` verifies
-    exactly `min(n, budget)` drafted tokens per row (`0`: no drafting). With `return_stats=True` returns
-    `(tokens, BatchStats)`.
+    `prompts`: `list[list[int]]`, or `input_ids [b, T]` with `attention_mask`. `generation_config`: an
+    `AdaFlashGenerationConfig` overrides the drafter's knobs; any other `GenerationConfig` is the call's decoding
+    config, as `target.generate`'s. `do_sample`, `logits_processor` and `**sampling` (`temperature`, `top_k`,
+    `top_p`, `repetition_penalty`, ...) are `generate`'s too (`AdaFlashBatchGenerator.generate`). `runtime`
+    overrides the drafter's runtime components; `fixed_length=n` verifies exactly `min(n, budget)` drafted tokens per
+    row (`0`: no drafting). With `return_stats=True` returns `(tokens, BatchStats)`.
     """
+    from ..models.drafter.configuration_adaflash_drafter import AdaFlashGenerationConfig
+
+    knobs_config = generation_config if isinstance(generation_config, AdaFlashGenerationConfig) else None
+    decoding = None if knobs_config is not None else generation_config
     if fixed_length == 0:
         drafter = None
-    knobs = run_knobs(drafter, generation_config, fixed_length) if drafter is not None else None
+    knobs = run_knobs(drafter, knobs_config, fixed_length) if drafter is not None else None
     runner = AdaFlashBatchGenerator(target, drafter, generation_config=knobs, runtime=runtime)
     return runner.generate(prompts, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
-                           temperature=temperature, max_batch_size=max_batch_size, continuous=continuous,
-                           attention_mask=attention_mask, generator=generator, arrivals=arrivals,
-                           return_stats=return_stats)
+                           max_batch_size=max_batch_size, continuous=continuous, attention_mask=attention_mask,
+                           generator=generator, arrivals=arrivals, return_stats=return_stats,
+                           generation_config=decoding, logits_processor=logits_processor, **sampling)
 
 
 def batched_generate(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, drafter=None,

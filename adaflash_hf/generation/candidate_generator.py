@@ -17,7 +17,8 @@ the projected context; the block's cache entries are cropped every round). On to
 
 Losslessness does not depend on anything here: the target verifies every candidate in `_assisted_decoding`,
 greedy keeps the longest matching prefix and sampling applies transformers' `_speculative_sampling` (the
-rejection-sampling rule) to the candidate logits we return.
+rejection-sampling rule, the same as `sampler.rejection_sample`) to the candidate logits we return: drafted logits
+processed by the call's logits processors through `sampler.SpeculativeSampler`, the batched engine's sampler.
 """
 
 import contextlib
@@ -32,6 +33,7 @@ from .cost_model import cost_model_for
 from .policy import LEARNING_EXPLORE
 from .drafting import LengthChooser, draft_logits, finite_prefix, to_full_vocab
 from .runtime import generation_config_of, runtime_of
+from .sampler import SpeculativeSampler
 from .stats import SpeculationStats
 
 
@@ -228,29 +230,13 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         return outputs.last_hidden_state
 
     def _select_tokens(self, input_ids, candidate_logits):
-        """Pick the candidate tokens from drafted logits `[1, n, vocab]` (argmax, or sampled for `do_sample`).
-
-        With logits processors the tokens are chosen one by one, so that each processor sees the sequence it would
-        see in plain decoding; the processed logits are returned for the rejection-sampling test.
-        """
-        if self.logits_processor is not None and len(self.logits_processor) > 0:
-            candidate_ids = input_ids
-            candidate_logits = candidate_logits.float()
-            for i in range(candidate_logits.shape[1]):
-                candidate_logits[:, i] = self.logits_processor(candidate_ids, candidate_logits[:, i])
-                if self.do_sample:
-                    probs = candidate_logits[:, i].softmax(dim=-1)
-                    next_token = torch.multinomial(probs, num_samples=1)
-                else:
-                    next_token = candidate_logits[:, i].argmax(dim=-1, keepdim=True)
-                candidate_ids = torch.cat([candidate_ids, next_token], dim=-1)
-            return candidate_ids, candidate_logits
-        if self.do_sample:
-            probs = candidate_logits.float().softmax(dim=-1)
-            new_ids = torch.multinomial(probs[0], num_samples=1).T
-        else:
-            new_ids = candidate_logits.argmax(dim=-1)
-        return torch.cat([input_ids, new_ids], dim=-1), candidate_logits
+        """Pick the candidate tokens from drafted logits `[1, n, vocab]` with the engines' one sampler: each position
+        processed by this call's logits processors with the sequence plain decoding would have there, then argmax
+        or sampled. Returns `(input_ids + candidates, processed logits)`: `_assisted_decoding` hands the processed
+        logits to `_speculative_sampling` beside the target's, processed by the same processors."""
+        sampler = SpeculativeSampler(self.logits_processor, self.do_sample)
+        ids, processed = sampler.draft_scores(candidate_logits, [input_ids[0]])
+        return torch.cat([input_ids, ids.to(input_ids.device)], dim=-1), processed
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by the loop after each verification with the number of accepted drafted tokens."""

@@ -4,8 +4,8 @@
 * `noise_embeds`: the block queries `[anchor, mask x (B-1)]`, embedded with the target's embeddings (transformers'
   own `DFlashTokenCandidateGenerator._get_noise_embeds`, which bypasses an embedding norm);
 * `draft_logits`: drafted logits through the target's LM head (or the drafter's draft-vocabulary slice of it);
-* `pick_drafts`: drafted tokens (argmax or sampled) and, for sampling, their probabilities; positions whose logits
-  are not finite (a broken drafter) end the row's draft there: they become rejected drafts, never a crash;
+* `finite_prefix` / `to_full_vocab`: how much of a draft is usable (a non-finite position ends it) and drafted
+  values on the full vocabulary (drafted tokens themselves come from `sampler.SpeculativeSampler.draft`);
 * `LengthChooser`: how many drafted tokens each row verifies, by the generation config's `length_policy`.
 """
 
@@ -42,31 +42,6 @@ def to_full_vocab(values: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_si
         return values
     full = values.new_full((*values.shape[:-1], vocab_size), fill)
     return full.scatter_(-1, vocab_ids.to(values.device).expand(*values.shape[:-1], -1), values)
-
-
-def pick_drafts(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int, do_sample: bool = False,
-                temperature: float = 1.0, generator: torch.Generator | None = None):
-    """Drafted tokens of `logits [b, m, K]`.
-
-    Returns `(ids [b, m], probs [b, m, V] or None, usable [b])`: the full-vocabulary probabilities the tokens were
-    sampled from (None for greedy) and, per row, how many leading positions are usable (finite logits). Unusable
-    positions get token 0 and a uniform q; callers must not verify them.
-    """
-    b, m, k = logits.shape
-    usable = finite_prefix(logits)
-    if m == 0:
-        return torch.zeros(b, 0, dtype=torch.long, device=logits.device), None, usable
-    bad = ~torch.isfinite(logits).all(dim=-1, keepdim=True)  # [b, m, 1]
-    clean = torch.where(bad, torch.zeros_like(logits), logits)
-    if not do_sample:
-        ids = clean.argmax(dim=-1)
-        return (ids if vocab_ids is None else vocab_ids.to(ids.device)[ids]), None, usable
-    probs = torch.softmax(clean.float() / temperature, dim=-1)
-    ids = torch.multinomial(probs.reshape(b * m, k), 1, generator=generator).view(b, m)
-    if vocab_ids is not None:
-        vocab_ids = vocab_ids.to(ids.device)
-        probs, ids = to_full_vocab(probs, vocab_ids, vocab_size, 0.0), vocab_ids[ids]
-    return ids, probs, usable
 
 
 class LengthChooser:
@@ -122,4 +97,4 @@ class LengthChooser:
         self.heuristic = min(self.block_size - 1, self.heuristic + 2) if full else max(1, self.heuristic - 1)
 
 
-__all__ = ["LengthChooser", "draft_logits", "finite_prefix", "noise_embeds", "pick_drafts", "to_full_vocab"]
+__all__ = ["LengthChooser", "draft_logits", "finite_prefix", "noise_embeds", "to_full_vocab"]

@@ -77,6 +77,21 @@ def test_opd_loss_decreases_on_a_tiny_model(opd_setup):
     assert result.training_loss > 0
 
 
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(beta=1.5), dict(beta=-0.1), dict(alpha=-1.0),
+                                 dict(kl_clip=0.0), dict(lmbda=1.2), dict(rkl_weight=-0.5)])
+def test_opd_config_range_checks(tmp_path, bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        OPDConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **bad)
+
+
+def test_preset_fills_only_fields_left_at_default(tmp_path):
+    config = OPDConfig(output_dir=str(tmp_path), preset="adaflash_reference", alpha=0.5, temperature=0.7,
+                       use_cpu=True, report_to="none")
+    assert (config.alpha, config.temperature) == (0.5, 0.7)  # the user's values
+    assert (config.lmbda, config.rkl_weight, config.beta) == (1.0, 0.2, 1.0)  # the preset's
+    assert OPDConfig(output_dir=str(tmp_path), kl_clip=None, use_cpu=True, report_to="none").kl_clip is None
+
+
 def test_adaflash_reference_preset_mixes_ce_and_reverse_kl(opd_setup):
     config = OPDConfig(output_dir=str(opd_setup[3]), preset="adaflash_reference", use_cpu=True, report_to="none")
     assert (config.temperature, config.lmbda, config.alpha, config.rkl_weight, config.beta) == (0.0, 1.0, 0.8, 0.2, 1.0)

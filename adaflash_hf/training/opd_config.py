@@ -1,7 +1,7 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
 """`OPDConfig`: on-policy distillation of a drafter with reverse KL (AdaFlash, part i), TRL style."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .drafter_config import DrafterTrainingConfig
 
@@ -26,7 +26,12 @@ class OPDConfig(DrafterTrainingConfig):
             target's own path (anchors on the target's responses), every block drafted greedily by the current
             drafter (`temperature=0`, `lmbda=1`: the blocks verification would see), loss `0.8 * CE + 0.2 * reverse
             KL` with the per-token clip (`alpha=0.8`, `rkl_weight=0.2`, `beta=1`). Retrain the length head on the
-            result (`examples/train_length_head.py`), as the reference trains it with the drafter.
+            result (`examples/train_length_head.py`), as the reference trains it with the drafter. A preset fills
+            only the fields left at their defaults: `OPDConfig(preset=..., alpha=0.5)` keeps `alpha=0.5` (a field
+            set explicitly to its default value cannot be told apart and takes the preset's value).
+
+    Out-of-range values raise `ValueError`: `temperature >= 0`, `0 <= beta <= 1`, `alpha >= 0`, `kl_clip > 0` (or
+    None), `0 <= lmbda <= 1`, `rkl_weight >= 0`.
     """
 
     temperature: float = field(default=1.0, metadata={"help": "Drafter sampling temperature (0 = greedy)."})
@@ -47,6 +52,16 @@ class OPDConfig(DrafterTrainingConfig):
         if self.preset is not None:
             if self.preset not in self.PRESETS:
                 raise ValueError(f"preset must be one of {sorted(self.PRESETS)}, got {self.preset!r}")
-            for key, value in self.PRESETS[self.preset].items():
-                setattr(self, key, value)
+            defaults = {f.name: f.default for f in fields(OPDConfig)}
+            for key, value in self.PRESETS[self.preset].items():  # only what the user left at its default
+                if getattr(self, key) == defaults[key]:
+                    setattr(self, key, value)
+        checks = {"temperature": self.temperature >= 0, "beta": 0 <= self.beta <= 1, "alpha": self.alpha >= 0,
+                  "kl_clip": self.kl_clip is None or self.kl_clip > 0, "lmbda": 0 <= self.lmbda <= 1,
+                  "rkl_weight": self.rkl_weight >= 0}
+        ranges = {"temperature": ">= 0", "beta": "in [0, 1]", "alpha": ">= 0", "kl_clip": "> 0 or None",
+                  "lmbda": "in [0, 1]", "rkl_weight": ">= 0"}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name} must be {ranges[name]}, got {getattr(self, name)!r}")
         super().__post_init__()

@@ -22,6 +22,12 @@ chosen for `explore_every` rounds is tried again (and after twice as many rounds
 `max_interval`); untried arms come first. `reset()` forgets everything; `frozen=True` fixes the whole state: nothing
 is recorded, no round is counted, nothing is explored, and each round takes the arm with the best prediction.
 
+A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
+not usable) still paid for the drafter's forward: it counts as 0 accepted drafter tokens for those rows, whether the
+engine records it with source `"none"` or does not record it at all (then it is settled at the next `choose`). So
+the drafter arm is scored by what its rounds actually yielded, and a drafter whose blocks the length rule keeps
+cutting to nothing loses to plain rounds within the request.
+
 Nothing here can change the output: every proposal is verified by the target.
 """
 
@@ -63,6 +69,7 @@ class ProposalPolicy:
     width: float | None = None  # EMA of drafted tokens verified per row in draft rounds (the verify width)
     arms: dict = field(default_factory=lambda: {a: _Arm() for a in ARMS})
     rows: dict = field(default_factory=dict)  # row key -> source -> EMA of accepted tokens (per run)
+    pending: list | None = None  # rows of the last draft round, until it is recorded (module docstring)
 
     @classmethod
     def from_generation_config(cls, config) -> "ProposalPolicy":
@@ -87,6 +94,7 @@ class ProposalPolicy:
     def start_run(self) -> None:
         """Per-row estimates describe one run's sequences: drop them (the batch-wide ones persist)."""
         self.rows = {}
+        self.pending = None
 
     # ------------------------------------------------------------------------------------------------ estimates
     def estimate(self, row, source: str) -> float | None:
@@ -110,6 +118,17 @@ class ProposalPolicy:
     # ------------------------------------------------------------------------------------------------ choices
     def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
                explore_every: int | None = None) -> str:
+        """The arm of this round (see `_choose` for the arguments)."""
+        if self.pending is not None and not self.frozen:  # the last draft round verified no drafted token
+            pending, self.pending = self.pending, None
+            self.record(pending, ["drafter"] * len(pending), [0] * len(pending), [0] * len(pending))
+        arm = self._choose(rows, lookup_lens, budgets, cost, allow_no_draft, explore_every)
+        if not self.frozen:
+            self.pending = list(rows) if arm == "draft" else None
+        return arm
+
+    def _choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
+                explore_every: int | None = None) -> str:
         """The arm of this round.
 
         Args:
@@ -176,6 +195,9 @@ class ProposalPolicy:
         """What each row's proposal achieved this round (`sources[r]` in SOURCES; others are ignored)."""
         if self.frozen:
             return
+        if self.pending is not None:  # a draft round: its rows that verified nothing yielded 0 drafter tokens
+            sources = ["drafter" if s == "none" else s for s in sources]
+            self.pending = None
         d = self.decay
         for r, source, a in zip(rows, sources, accepted):
             if source not in SOURCES:

@@ -31,8 +31,11 @@ class SpeculationRuntime:
 
     Attributes:
         length_head: an `AdaFlashLengthHead` (used by the `"auto"` / `"head"` length policies), or None.
-        cost_model: a `TargetCostModel`; applied only on the device/dtype/threads it was measured on (otherwise one
-            measured on the current device is used and cached, see `cost_model.cost_model_for`).
+        cost_model: a `TargetCostModel`. Passed here by the user, it decides on any device (one measured on
+            another device simulates that device: `TargetCostModel.load(FILE)`, `shipped_cost_model(NAME)`); one that
+            came beside a checkpoint (`implicit`, e.g. a length head folder's) only on the device/dtype/threads it
+            was measured on, otherwise one measured on the current device is used and cached
+            (`cost_model.cost_model_for`).
         online_adapter: an `OnlineSpecAdapter` learning from every verification round, or None.
         policy: the proposal policy's state (adapts across calls with `policy_schedule="persistent"`; `reset()`,
             `frozen`). Its knobs (`decay`, `explore_every`) follow the generation config of each call.

@@ -137,3 +137,13 @@ def test_greedy_repetition_penalty_equals_plain_on_both_engines():
         out = target.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, repetition_penalty=1.4,
                               assistant_model=drafter)
         assert out[0, len(p):].tolist() == ref
+
+
+def test_draft_positions_and_tau_are_defined_once():
+    from adaflash_hf.utils.speculation import draft_positions, tau
+
+    vocab = torch.tensor([7, 2, 9])
+    assert draft_positions(torch.tensor([[2, 9], [7, 5]]), vocab).tolist() == [[1, 2], [0, -1]]
+    assert draft_positions(torch.tensor([5]), vocab, fill=-100).tolist() == [-100]
+    assert draft_positions(torch.tensor([4, 1]), None).tolist() == [4, 1]
+    assert tau([0, 2, 1]) == 2.0 and tau([]) == 0.0

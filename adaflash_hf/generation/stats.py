@@ -7,6 +7,8 @@ They are returned with the call (`generate(..., return_dict_in_generate=True).sp
 
 from dataclasses import dataclass, field
 
+from ..utils.speculation import tau as tau_of
+
 
 @dataclass
 class SpeculationStats:
@@ -32,7 +34,7 @@ class SpeculationStats:
     @property
     def tau(self) -> float:
         """Tokens committed per verification forward (accepted drafts + the target's own token), prefill excluded."""
-        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else 0.0
+        return tau_of(self.accepted)
 
     def acceptance_by_position(self, max_positions: int) -> list[float]:
         """P(draft position k is accepted | it was proposed), k = 1..max_positions."""

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..training.blocks import block_attention_mask, block_labels, block_position_ids, position_weights, sample_anchors
+from ..utils.speculation import draft_positions
 
 
 @dataclass
@@ -71,9 +72,7 @@ class RoundFeedback:
         vocab = getattr(drafter, "draft_vocab", None)
         if vocab is not None:
             vocab = vocab.to(raw_logits.device)
-            index = torch.full((raw_logits.shape[-1],), -100, dtype=torch.long, device=raw_logits.device)
-            index[vocab] = torch.arange(vocab.numel(), device=raw_logits.device)
-            tokens, raw_logits = index[tokens], raw_logits[:, vocab]
+            tokens, raw_logits = draft_positions(tokens, vocab, fill=-100), raw_logits[:, vocab]
         return cls(noise_embeds.detach(), context.detach(), position_ids.detach(), raw_logits, tokens,
                    int(num_accepted), draft_logits)
 
@@ -209,10 +208,7 @@ def sequence_loss(module, head_rows: torch.Tensor, feedback: SequenceFeedback, c
     targets = feedback.labels[rows]
     weights = position_weights(block, config.loss_decay_gamma).to(logits.device)[rows[2]]
     if draft_vocab is not None:  # labels outside the draft vocabulary cannot be drafted: left out
-        index = torch.full((max(int(draft_vocab.max()), int(targets.max())) + 1,), -1, dtype=torch.long,
-                           device=logits.device)
-        index[draft_vocab.to(logits.device)] = torch.arange(draft_vocab.numel(), device=logits.device)
-        targets = index[targets]
+        targets = draft_positions(targets, draft_vocab)
         weights = weights * (targets >= 0)
         targets = targets.clamp(min=0)
     per = F.cross_entropy(logits, targets, reduction="none").clamp(max=config.kl_clip)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 
+from ..utils.speculation import draft_positions
 from .blocks import draft_blocks, score_blocks
 from .drafter_trainer import DrafterTrainer
 from .opd_config import OPDConfig
@@ -111,11 +112,7 @@ class OPDTrainer(DrafterTrainer):
         if self.args.alpha > 0:
             with torch.no_grad():  # the target's greedy token; one the drafter cannot draft is left out
                 target_tokens = F.linear(h_t, self.target_lm_head.weight).argmax(dim=-1)
-                if vocab_ids is not None:
-                    index = torch.full((self.target_lm_head.weight.shape[0],), -1, dtype=torch.long,
-                                       device=target_tokens.device)
-                    index[vocab_ids] = torch.arange(vocab_ids.numel(), device=target_tokens.device)
-                    target_tokens = index[target_tokens]
+                target_tokens = draft_positions(target_tokens, vocab_ids)
             w_ce = w * (target_tokens >= 0)
             ce = F.cross_entropy(F.linear(h_s, weight).float(), target_tokens.clamp_min(0), reduction="none")
             loss = loss + self.args.alpha * (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)

@@ -231,3 +231,23 @@ def test_eval_reports_replayed_tau_of_serving(recorded, tmp_path):
     assert metrics["eval_replay_tau"] > 1.0  # trained on these very responses: some drafts are accepted
     off = _trainer(target, dataset, tmp_path / "off", max_steps=1, replay_eval=False).evaluate()
     assert "eval_replay_tau" not in off and "eval_tau_proxy" in off
+
+
+def test_prefix_revealed_training_learns_the_rest_of_the_block(recorded, tmp_path):
+    """reveal_prob: training blocks show a label prefix and learn the rest; the revealed labels are not predicted
+    (they leave the loss), evaluation stays all-mask, and the loss still goes down."""
+    target, dataset = recorded
+    trainer = _trainer(target, dataset, tmp_path, max_steps=40, reveal_prob=0.5)
+    batch = trainer.data_collator([dataset[i] for i in range(4)])
+    assert "reveal_len" in batch and batch["reveal_len"].max() > 0
+    assert "reveal_len" not in trainer.eval_collator([dataset[i] for i in range(4)])
+    full = dict(batch)
+    full["reveal_len"] = torch.full_like(batch["reveal_len"], 2)  # 3 drafted positions: 2 shown, 1 predicted
+    with torch.no_grad():
+        _, (predicted, rows) = trainer.compute_loss(trainer.model, full, return_outputs=True)
+    assert (rows[2] == 2).all()  # only block position 3 (index 2) is scored
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="reveal_prob"):
+        DrafterTrainingConfig(output_dir=str(tmp_path), reveal_prob=1.5, use_cpu=True)

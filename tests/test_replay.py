@@ -90,3 +90,39 @@ def test_replayed_tau_equals_served_tau_on_the_real_model():
     # per prompt, only a near-tied argmax may flip a round between the batched pass and serving's forwards
     assert same >= len(records) - 1, list(zip(served, replayed))
     assert all(abs(s - r) <= 0.25 for s, r in zip(served, replayed))
+
+
+def test_multi_step_drafting_feeds_the_first_drafts_back():
+    """steps=2: position 1 keeps step 1's draft; the rest is re-predicted from a block that shows it."""
+    from adaflash_hf import AdaFlashDrafterModel
+
+    target = make_tiny_target()
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    ids = torch.randint(0, target.config.vocab_size, (16,))
+    with torch.no_grad():
+        out = target(input_ids=ids[None], output_hidden_states=True)
+    context = torch.cat([out.hidden_states[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    embed, head = target.get_input_embeddings(), target.lm_head
+    one = draft_every_anchor(drafter, embed, head, ids, context, 6)
+    two = draft_every_anchor(drafter, embed, head, ids, context, 6, steps=2)
+    assert torch.equal(two[:, 0], one[:, 0])
+    anchor = 9
+    with torch.no_grad():
+        shown = draft_blocks(drafter, embed, ids[None], context[None], torch.tensor([[anchor]]),
+                             revealed=one[anchor - 6][None, None], reveal_len=torch.tensor([[1]]))[0, 0, 1:]
+        masked = draft_blocks(drafter, embed, ids[None], context[None], torch.tensor([[anchor]]))[0, 0, 1:]
+    assert two[anchor - 6, 1:].tolist() == head(shown).argmax(-1)[1:].tolist()
+    assert not torch.allclose(shown[1:], masked[1:])  # the revealed token changes what the block computes
+
+
+def test_sample_reveal_shows_only_labelled_leading_positions():
+    from adaflash_hf.training.blocks import sample_reveal
+
+    mask = torch.tensor([[[1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]], dtype=torch.bool)
+    mask = mask.expand(500, 3, 7)
+    reveal = sample_reveal(mask, 0.5, torch.Generator().manual_seed(0))
+    assert reveal[:, 0].max() <= 6 and reveal[:, 1].max() <= 1 and reveal[:, 2].max() == 0
+    assert 0.4 < (reveal[:, 0] > 0).float().mean() < 0.6  # half the blocks, lengths 1..B-2
+    assert set(reveal[:, 0].tolist()) == set(range(7))
+    assert sample_reveal(mask, 0.0).abs().sum() == 0

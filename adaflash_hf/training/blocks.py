@@ -139,12 +139,14 @@ __all__ = [
     "gather_context",
     "position_weights",
     "sample_anchors",
+    "sample_reveal",
     "score_blocks",
 ]
 
 
 def draft_blocks(
-    drafter, embed_tokens, input_ids: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor
+    drafter, embed_tokens, input_ids: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor,
+    revealed: torch.Tensor | None = None, reveal_len: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draft `n` blocks per sequence in ONE drafter forward (the training-time view of a generation round).
 
@@ -153,14 +155,20 @@ def draft_blocks(
         embed_tokens: the target's input embedding module.
         input_ids: `[batch, T]`; context: `[batch, T, len(target_layer_ids) * H]` target hidden states.
         anchors: `[batch, n]` anchor positions.
+        revealed / reveal_len: prefix-revealed blocks (multi-step drafting): block position `k` (1..B-1) gets the
+            token `revealed[..., k-1]` (`[batch, n, B-1]`) instead of the mask when `k <= reveal_len` (`[batch, n]`).
+            None: every drafted position is a mask (one-step drafting).
     Returns:
         `[batch, n, B, H]` block output states; `[..., 1:, :]` feed the target's LM head.
     """
-    config = drafter.config
+    config = getattr(drafter, "module", drafter).config  # DDP (data-parallel training) has no `config`
     block = config.block_size
     batch, n = anchors.shape
     anchor_ids = torch.gather(input_ids, 1, anchors)
     masks = torch.full((batch, n, block - 1), config.mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    if revealed is not None and reveal_len is not None:
+        shown = torch.arange(1, block, device=input_ids.device) <= reveal_len[..., None].to(input_ids.device)
+        masks = torch.where(shown, revealed.to(masks), masks)
     noise_ids = torch.cat([anchor_ids[..., None], masks], dim=-1).reshape(batch, n * block)
     dtype = next(drafter.parameters()).dtype
     noise = embed_tokens(noise_ids).to(dtype)
@@ -169,6 +177,22 @@ def draft_blocks(
     out = drafter(noise_embeds=noise, context_hidden_states=context.to(dtype), attention_mask=mask,
                   position_ids=positions)
     return out.last_hidden_state.reshape(batch, n, block, -1)
+
+
+def sample_reveal(label_mask: torch.Tensor, reveal_prob: float, generator: torch.Generator | None = None
+                  ) -> torch.Tensor:
+    """`[b, n]` revealed prefix lengths for prefix-revealed training: with probability `reveal_prob` a block shows
+    its first `r` labels (r uniform in 1..B-2, cut to the block's leading labelled positions), else none.
+
+    label_mask: `[b, n, B-1]` from `block_labels` (a revealed token must be one serving could have accepted).
+    """
+    b, n, m = label_mask.shape
+    if reveal_prob <= 0 or m < 2:
+        return torch.zeros(b, n, dtype=torch.long)
+    chosen = torch.rand(b, n, generator=generator) < reveal_prob
+    length = torch.randint(1, m, (b, n), generator=generator)
+    leading = label_mask.long().cumprod(dim=-1).sum(dim=-1)
+    return torch.where(chosen, torch.minimum(length, (leading - 1).clamp_min(0)), torch.zeros_like(length))
 
 
 def score_blocks(target, input_ids: torch.Tensor, anchors: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,9 @@ class DrafterTrainingConfig(TrainingArguments):
             `None` weighs every position equally.
         max_length (`int`): sequences are truncated to this many tokens.
         eval_seed (`int`): seed of the anchors of the evaluation set (fixed, so eval metrics are comparable).
+        reveal_prob (`float`): prefix-revealed training for multi-step drafting: this share of training blocks shows
+            a random prefix of its labels (1..B-2 tokens) in place of masks and learns the rest of the block given
+            it; the others are all-mask blocks. Evaluation always uses all-mask blocks.
         replay_eval (`bool`): evaluation also reports `replay_tau` (per domain too): the tau drafter-only greedy
             serving gets on the eval responses, replayed from one teacher-forced pass (`training/replay.py`), beside
             `tau_proxy`'s uniform anchors.
@@ -26,6 +29,7 @@ class DrafterTrainingConfig(TrainingArguments):
     loss_decay_gamma: float | None = field(default=4.0, metadata={"help": "Position decay exp(-(k-1)/gamma)."})
     max_length: int = field(default=640, metadata={"help": "Truncate training sequences to this many tokens."})
     eval_seed: int = field(default=1234, metadata={"help": "Seed of evaluation anchors."})
+    reveal_prob: float = field(default=0.0, metadata={"help": "Share of prefix-revealed training blocks."})
     replay_eval: bool = field(default=True, metadata={"help": "Also report replayed (served) tau at evaluation."})
 
     # TrainingArguments defaults that suit drafter training.
@@ -40,3 +44,8 @@ class DrafterTrainingConfig(TrainingArguments):
     label_names: list[str] | None = field(default_factory=lambda: ["labels"], metadata={"help": "Label keys."})
     logging_steps: float = field(default=25, metadata={"help": "Log every N steps."})
     report_to: None | str | list[str] = field(default="none", metadata={"help": "Integrations to report to."})
+
+    def __post_init__(self):
+        if not 0.0 <= self.reveal_prob <= 1.0:
+            raise ValueError(f"reveal_prob must be in [0, 1], got {self.reveal_prob}")
+        super().__post_init__()

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import EvalPrediction, Trainer
 
-from .blocks import block_labels, draft_blocks, position_weights, sample_anchors
+from .blocks import block_labels, draft_blocks, position_weights, sample_anchors, sample_reveal
 from .drafter_config import DrafterTrainingConfig
 from .replay import draft_every_anchor, greedy_prefix_len, pooled_tau, walk_rounds
 
@@ -31,12 +31,14 @@ class DrafterDataCollator:
 
     Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]`,
     `label_mask [b, n, B-1]`, `seq_lens [b]` and `anchor_valid [b, n]`; with `domains` (a list of names) also
-    `domain_index [b]` (the row's `domain` in that list, -1 if absent), for per-domain evaluation.
+    `domain_index [b]` (the row's `domain` in that list, -1 if absent), for per-domain evaluation; with
+    `reveal_prob > 0` also `reveal_len [b, n]` (`blocks.sample_reveal`: prefix-revealed training).
     """
 
     def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None,
-                 domains: list[str] | None = None):
+                 domains: list[str] | None = None, reveal_prob: float = 0.0):
         self.block_size, self.num_anchors, self.max_length = block_size, num_anchors, max_length
+        self.reveal_prob = reveal_prob
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.domains = list(domains) if domains else None
 
@@ -60,6 +62,8 @@ class DrafterDataCollator:
         labels, label_mask = block_labels(input_ids, argmax, lens, anchors, anchor_valid, self.block_size)
         batch = {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
                  "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
+        if self.reveal_prob > 0:  # prefix-revealed blocks: the first reveal_len labels are shown, not predicted
+            batch["reveal_len"] = sample_reveal(label_mask, self.reveal_prob, self.generator)
         if self.domains is not None:
             index = {name: i for i, name in enumerate(self.domains)}
             batch["domain_index"] = torch.tensor([index.get(str(f.get("domain")), -1) for f in features])
@@ -121,7 +125,8 @@ class DrafterTrainer(Trainer):
         self.target_embeddings, self.target_lm_head = target_embeddings, target_lm_head
         self.position_weights = position_weights(model.config.block_size, args.loss_decay_gamma)
         self.eval_domains = list(eval_domains) if eval_domains else None
-        collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length, seed=args.seed)
+        collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length, seed=args.seed,
+                                       reveal_prob=args.reveal_prob)
         self.eval_collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length,
                                                  seed=args.eval_seed, domains=self.eval_domains)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -177,14 +182,18 @@ class DrafterTrainer(Trainer):
         self.target_embeddings.to(device)
         self.target_lm_head.to(device)
         states = draft_blocks(model, self.target_embeddings, inputs["input_ids"], inputs["context"],
-                              inputs["anchors"])
+                              inputs["anchors"], revealed=inputs["labels"], reveal_len=inputs.get("reveal_len"))
         return states[:, :, 1:]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         hidden = self._block_hidden(model, inputs)
         drafter = self.accelerator.unwrap_model(model)
+        label_mask = inputs["label_mask"]
+        if "reveal_len" in inputs:  # revealed positions are given, not predicted
+            k = torch.arange(1, label_mask.shape[-1] + 1, device=label_mask.device)
+            label_mask = label_mask & (k > inputs["reveal_len"][..., None])
         loss, predicted, rows = block_cross_entropy(hidden, drafter, self.target_lm_head, inputs["labels"],
-                                                    inputs["label_mask"], self.position_weights)
+                                                    label_mask, self.position_weights)
         return (loss, (predicted, rows)) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

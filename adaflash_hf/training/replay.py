@@ -58,7 +58,7 @@ def target_context(target, input_ids: torch.Tensor, layer_ids: list[int]) -> tor
 
 @torch.no_grad()
 def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, context: torch.Tensor,
-                       first_anchor: int, max_anchors_per_pass: int = 256) -> torch.Tensor:
+                       first_anchor: int, max_anchors_per_pass: int = 256, steps: int = 1) -> torch.Tensor:
     """Greedy drafts `[n, B-1]` (token ids) at anchors `first_anchor .. T-1` of ONE sequence `input_ids [T]`.
 
     Args:
@@ -68,15 +68,24 @@ def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, 
         context: `[T, L*H]` the target's hidden states at the drafter's layers (`target_context`, or recorded).
         first_anchor: the first anchor (the prompt length: the prefill's committed token).
         max_anchors_per_pass: anchors per drafter forward (bounds the `[n*B, T + n*B]` attention mask).
+        steps: denoising steps per block (multi-step drafting): step 1 drafts from all masks; step `s > 1` feeds the
+            first `s - 1` drafted tokens back into the block (in place of masks) and re-predicts the rest. One
+            drafter forward per step.
     """
     device = next(drafter.parameters()).device
     ids, context = input_ids.to(device)[None], context.to(device)[None]
     drafts = []
     for chunk in torch.arange(first_anchor, ids.shape[1], device=device).split(max_anchors_per_pass):
-        states = draft_blocks(drafter, embed_tokens, ids, context, chunk[None])[0, :, 1:]
-        logits, vocab_ids = drafter.draft_logits(states, lm_head)
-        tokens = logits.argmax(dim=-1)
-        drafts.append(vocab_ids.to(tokens.device)[tokens] if vocab_ids is not None else tokens)
+        tokens = None
+        for step in range(steps):
+            shown = None if tokens is None else torch.full((1, chunk.numel()), step, device=device)
+            states = draft_blocks(drafter, embed_tokens, ids, context, chunk[None], revealed=tokens,
+                                  reveal_len=shown)[:, :, 1:]
+            logits, vocab_ids = drafter.draft_logits(states, lm_head)
+            new = logits.argmax(dim=-1)
+            new = vocab_ids.to(new.device)[new] if vocab_ids is not None else new
+            tokens = new if tokens is None else torch.cat([tokens[..., :step], new[..., step:]], dim=-1)
+        drafts.append(tokens[0])
     return torch.cat(drafts).cpu() if drafts else torch.zeros(0, drafter.config.block_size - 1, dtype=torch.long)
 
 
@@ -112,13 +121,13 @@ def walk_rounds(drafts: torch.Tensor, input_ids: torch.Tensor, first_anchor: int
 
 
 def replay(drafter, target, input_ids: torch.Tensor, prompt_len: int, max_new_tokens: int | None = None,
-           context: torch.Tensor | None = None) -> ReplayResult:
+           context: torch.Tensor | None = None, steps: int = 1) -> ReplayResult:
     """Replayed rounds of one served call: `input_ids [T]` = prompt + the target's greedy output; `context`
-    `[T, L*H]` the target's hidden states (one target forward when None)."""
+    `[T, L*H]` the target's hidden states (one target forward when None); `steps` drafting steps per block."""
     if context is None:
         context = target_context(target, input_ids, drafter.config.target_layer_ids)
     drafts = draft_every_anchor(drafter, target.get_input_embeddings(), target.get_output_embeddings(), input_ids,
-                                context, prompt_len)
+                                context, prompt_len, steps=steps)
     max_length = None if max_new_tokens is None else prompt_len + max_new_tokens
     return walk_rounds(drafts, input_ids, prompt_len, max_length)
 

@@ -24,6 +24,7 @@ from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.training import OPDConfig, OPDTrainer
 from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback
 from adaflash_hf.training.data import script_training_dataset
+from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 
 
@@ -39,9 +40,11 @@ class ScriptArguments:
     val_fraction: float = field(default=0.05, metadata={"help": "held-out validation fraction"})
     max_cpu_seconds: float | None = field(default=None, metadata={
         "help": "stop after this much CPU time in training steps (compute-matched comparisons)"})
+    eval_before: bool = field(default=True, metadata={"help": "evaluate per domain before training too"})
 
 
 def main():
+    use_cpu_when_data_parallel_without_gpus()  # `accelerate launch --multi_gpu --num_processes N` on CPUs: gloo DDP
     script, store, config = HfArgumentParser(
         (ScriptArguments, StoreDataArguments, OPDConfig)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -66,13 +69,16 @@ def main():
     trainer = OPDTrainer(drafter, config, target, train_dataset=train, eval_dataset=val, callbacks=callbacks,
                          eval_domains=sorted(by_domain))
     before = trainer.evaluate_per_domain(by_domain)
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    train_loss = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint).training_loss
     after = trainer.evaluate_per_domain(by_domain)
+    if not trainer.is_world_process_zero():  # data-parallel (`accelerate launch --num_processes N`): one saves
+        return
     final = Path(config.output_dir) / "final"
     trainer.model.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps(
         {"init_drafter": str(path), "tau_proxy_before": before, "tau_proxy_after": after,
-         "steps": trainer.state.global_step, "compute": budget.summary(), "opd": {k: getattr(config, k) for k in
+         "train_loss": train_loss, "num_processes": trainer.args.world_size, "steps": trainer.state.global_step,
+         "compute": budget.summary(), "opd": {k: getattr(config, k) for k in
                                                       ("temperature", "beta", "alpha", "kl_clip", "lmbda",
                                                        "learning_rate", "num_anchors")}}, indent=2))
     logging.info("tau_proxy per domain before %s after %s; saved %s", before, after, final)

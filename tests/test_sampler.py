@@ -4,7 +4,12 @@ sampling with the same processors (top-k, top-p, repetition penalty)."""
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+)
 from transformers.generation.utils import _speculative_sampling
 
 from adaflash_hf.generation.batch import generate_batch
@@ -68,14 +73,26 @@ def test_rejection_sample_decides_like_transformers_speculative_sampling(process
     assert 0 < accepted_total < 200 * m  # both acceptances and rejections happened
 
 
-def test_process_sees_each_rows_own_sequence():
-    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(2.0)])
-    sampler = SpeculativeSampler(processors)
+@pytest.mark.parametrize("processor", [RepetitionPenaltyLogitsProcessor(2.0), NoRepeatNGramLogitsProcessor(2)])
+def test_process_sees_each_rows_own_sequence(processor):
+    processors = LogitsProcessorList([processor, TopKLogitsWarper(5)])
+    sampler = SpeculativeSampler(processors, do_sample=True)
+    assert sampler.set_only == isinstance(processor, RepetitionPenaltyLogitsProcessor)
     scores = torch.randn(3, 10)
-    seqs = [torch.tensor([1, 2]), torch.tensor([3, 4, 5]), torch.tensor([6])]
+    seqs = [torch.tensor([1, 2, 1]), torch.tensor([3, 4, 5, 3, 4]), torch.tensor([6])]
     out = sampler.process(scores, seqs)
     for r, seq in enumerate(seqs):
         torch.testing.assert_close(out[r:r + 1], processors(seq[None], scores[r:r + 1].clone()))
+    # accept: every (row, position) processed with its own sequence, in one call (set-only) or grouped by length
+    logits, drafts = torch.randn(3, 4, 10), torch.randint(0, 10, (3, 3))
+    grouped = SpeculativeSampler(processors, do_sample=True)
+    grouped.set_only = False
+    for seed in range(20):
+        torch.manual_seed(seed)
+        a = sampler.accept(logits, drafts, torch.tensor([3, 1, 2]), torch.rand(3, 3, 10).softmax(-1), contexts=seqs)
+        torch.manual_seed(seed)
+        b = grouped.accept(logits, drafts, torch.tensor([3, 1, 2]), torch.rand(3, 3, 10).softmax(-1), contexts=seqs)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_generate_batch_takes_generate_sampling_knobs():

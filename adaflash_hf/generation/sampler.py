@@ -110,6 +110,11 @@ class SpeculativeSampler:
         self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.do_sample, self.generator = bool(do_sample), generator
         self.sequence_free = all(isinstance(p, SEQUENCE_FREE) for p in self.processors)
+        # Processors that read only WHICH tokens occur (repetition penalty over the whole sequence): rows of any
+        # lengths go in one call, each left-padded with its own first token (the set of its tokens is unchanged).
+        self.set_only = all(isinstance(p, SEQUENCE_FREE) or (isinstance(p, lp.RepetitionPenaltyLogitsProcessor)
+                                                             and p.prompt_ignore_length is None)
+                            for p in self.processors)
 
     @classmethod
     def for_target(cls, target, generation_config: GenerationConfig | None = None, logits_processor=None,
@@ -132,6 +137,10 @@ class SpeculativeSampler:
             return scores
         if self.sequence_free:
             return self.processors(torch.zeros(scores.shape[0], 1, dtype=torch.long, device=scores.device), scores)
+        if self.set_only:
+            width = max(seq.shape[0] for seq in sequences)
+            ids = torch.stack([torch.cat([seq[:1].expand(width - seq.shape[0]), seq]) for seq in sequences])
+            return self.processors(ids.to(scores.device), scores.clone())
         out = scores.clone()
         groups = defaultdict(list)
         for i, seq in enumerate(sequences):
@@ -205,18 +214,32 @@ class SpeculativeSampler:
         b, width, v = logits.shape
         m = width - 1
         scores = logits.float()
-        if len(self.processors):
+        if len(self.processors) and (self.sequence_free or not self.set_only):
             flat_seqs = None
             if not self.sequence_free:
                 flat_seqs = [torch.cat([contexts[r].to(drafts.device), drafts[r, :j]]) for r in range(b)
                              for j in range(width)]
             scores = self.process(scores.reshape(b * width, v), flat_seqs).view(b, width, v)
+        elif len(self.processors):  # set-only processors: every (row, position) in one call, built without a loop
+            ids = self._padded(contexts, drafts)  # [b, W + m]: each row padded with its own first token
+            first = ids[:, :1].expand(-1, m)
+            upto = torch.arange(m, device=drafts.device)[None, :] < torch.arange(width, device=drafts.device)[:, None]
+            per_pos = torch.cat([ids[:, None, : ids.shape[1] - m].expand(-1, width, -1),
+                                 torch.where(upto[None], drafts[:, None, :], first[:, None, :])], dim=2)
+            scores = self.processors(per_pos.reshape(b * width, -1), scores.reshape(b * width, v)).view(b, width, v)
         if not self.do_sample:
             target_tok = scores.argmax(dim=-1)  # [b, m + 1]
             match = (drafts == target_tok[:, :m]) & (torch.arange(m, device=drafts.device)[None, :] < lengths[:, None])
             accepted = match.long().cumprod(dim=1).sum(dim=1)
             return accepted, target_tok.gather(1, accepted[:, None]).squeeze(1)
         return rejection_sample(scores.softmax(dim=-1), q, drafts, lengths, self.generator, one_hot)
+
+    @staticmethod
+    def _padded(contexts: list[torch.Tensor], drafts: torch.Tensor) -> torch.Tensor:
+        """`[b, W + m]`: each context left-padded with its own first token to the longest, then the drafts."""
+        width = max(c.shape[0] for c in contexts)
+        rows = [torch.cat([c[:1].expand(width - c.shape[0]), c]).to(drafts.device) for c in contexts]
+        return torch.cat([torch.stack(rows), drafts], dim=1)
 
     def next_tokens(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None = None) -> torch.Tensor:
         """`[b, V]` logits after each row's sequence -> `[b]` tokens (plain decoding's step)."""

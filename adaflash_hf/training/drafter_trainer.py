@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import EvalPrediction, Trainer
 
+from ..utils.speculation import draft_positions, tau as tau_of
 from .blocks import block_labels, draft_blocks, position_weights, sample_anchors, sample_reveal
 from .drafter_config import DrafterTrainingConfig
 from .replay import draft_every_anchor, greedy_prefix_len, pooled_tau, walk_rounds
@@ -86,9 +87,7 @@ def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights):
     targets = labels[rows]
     w = weights.to(logits.device)[rows[2]]
     if vocab_ids is not None:
-        index = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=logits.device)
-        index[vocab_ids] = torch.arange(vocab_ids.numel(), device=logits.device)
-        targets = index[targets]
+        targets = draft_positions(targets, vocab_ids)
         w = w * (targets >= 0)
         targets = targets.clamp_min(0)
     ce = F.cross_entropy(logits, targets, reduction="none")
@@ -217,11 +216,11 @@ class DrafterTrainer(Trainer):
         tags = np.asarray(prediction.label_ids, dtype=np.float64).reshape(-1)
         keep = accepted >= 0  # padding of uneven batches is -100
         accepted, tags = accepted[keep], tags[keep]
-        metrics = {"tau_proxy": float(accepted.mean() + 1.0) if accepted.size else 0.0}
+        metrics = {"tau_proxy": tau_of(accepted.tolist())}
         for i, name in enumerate(self.eval_domains or []):
             mine = accepted[tags == i]
             if mine.size:
-                metrics[f"tau_proxy_{name}"] = float(mine.mean() + 1.0)
+                metrics[f"tau_proxy_{name}"] = tau_of(mine.tolist())
         return metrics
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..utils.speculation import tau as tau_of
 from .blocks import block_labels, draft_blocks, gather_context
 
 
@@ -40,13 +41,12 @@ class ReplayResult:
     @property
     def tau(self) -> float:
         """Tokens committed per verification round (the target's own token included), as `SpeculationStats.tau`."""
-        return sum(self.accepted) / self.rounds + 1.0 if self.rounds else 0.0
+        return tau_of(self.accepted)
 
 
 def pooled_tau(results: list[ReplayResult]) -> float:
     """Committed tokens over rounds of several responses (the bench's `tau`: tokens / forwards, pooled)."""
-    rounds = sum(r.rounds for r in results)
-    return sum(sum(r.accepted) for r in results) / rounds + 1.0 if rounds else 0.0
+    return tau_of([a for r in results for a in r.accepted])
 
 
 def target_context(target, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:

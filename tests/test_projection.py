@@ -168,3 +168,35 @@ def test_report_prints_the_projection_apart_and_verdicts_ignore_it(tmp_path):
     args = build_parser().parse_args(["bench", "--cost-model", "h200-smollm2-135m-bf16"])
     assert args.cost_model.name == "h200-smollm2-135m-bf16.json"
     assert build_parser().parse_args(["bench-serving", "--cost-model", "h200-smollm2-135m"]).cost_model
+
+
+def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path):
+    from adaflash_hf.bench.runner import run_benchmark
+    from adaflash_hf.bench.serving import run_serving
+    from adaflash_hf.generation.runtime import runtime_of
+
+    from .test_bench import RECORDS, CharTokenizer
+
+    target = make_tiny_target()
+    target.generation_config.eos_token_id = None
+    drafter = build_drafter(target, block_size=4, seed=0, hybrid_lookup=True, allow_no_draft=True)
+    path = tmp_path / "gpu.json"
+    SYNTHETIC.save(path)
+    result = run_serving(target, CharTokenizer(), drafter, RECORDS[:2], levels=(1, 2), max_new_tokens=4, requests=2,
+                         methods=["transformers_cb", "plain_batched", "engine_plain", "hybrid"], raw=True,
+                         progress=False, cost_model_path=path)
+    assert runtime_of(drafter).cost_model.device == "cuda:Simulated GPU"  # it decided
+    projected = result["projected"]
+    assert projected["file"] == str(path) and set(projected["concurrency"]) == {"1", "2"}
+    for level, rates in projected["concurrency"].items():
+        assert rates["transformers_cb"] is None  # packed rows: not projected
+        assert all(rates[m] > 0 for m in ("plain_batched", "engine_plain", "hybrid"))
+        assert all(d["identical"] == d["total"] for d in result["detail"][level].values())
+    results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=("plain", "adaflash"),
+                            max_new_tokens=6, raw=True, progress=False)
+    for m in results:
+        assert m.identical and len(m.forwards.target) == m.target_forwards and m.forwards.wall_seconds == m.seconds
+        if m.method == "plain":
+            assert m.forwards.target[1:] == [(1, 1)] * 5 and not m.forwards.drafter
+    block = project_bench(results, SYNTHETIC)
+    assert block["methods"]["plain"]["overall"]["speedup"] == pytest.approx(1.0)

@@ -9,7 +9,7 @@ the proposal policy's state, which adapts across calls (unless the generation co
 PEFT keeps runtime-only settings out of what `to_dict()` saves):
 
 ```python
-runtime = SpeculationRuntime(length_head=head, cost_model=TargetCostModel.load(".../cost_model.json"))
+runtime = SpeculationRuntime(length_head=head, cost_model=TargetCostModel.load(".../cost_model.json", implicit=True))
 runtime.attach(drafter)          # generate(assistant_model=drafter) and generate_batch now use them
 SpeculationRuntime.of(drafter).policy.reset()  # forget what the policy learned; .frozen = True to fix it (works on
                                                # a freshly loaded drafter too: an empty runtime is attached first)

@@ -33,6 +33,10 @@ JSON: {"overall": {"tau", "speedup", "identical", "total"}, "domains": {domain: 
 where "overall"/"domains" describe our generate path ("adaflash": drafter + prompt lookup + no-draft fallback,
 chosen per round) and identical counts outputs equal to plain greedy token for token out of total.
 "drafter_only" is our generator drafting every round; "prompt_lookup" is transformers' lookup alone.
+With --cost-model FILE|NAME (another device, e.g. h200-smollm2-135m) that device's costs decide the rounds, and
+"projected": {"device", "note", "assumptions", "methods": {method: {"overall"|"domains": {"tokens_per_s",
+"speedup"}}}} gives the tokens/s those rounds would take there: host time measured here + its forward costs.
+PROJECTED, never measured: kept apart from every measured number.
 """
 
 

@@ -23,10 +23,10 @@ demo: fetch
 	$(PY) examples/generate.py
 
 test: fetch
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests
 
 # Reruns the benches behind the claims and writes docs/results.md + docs/results_*.png (QUICK=1: ~15 min on 2 cores).
 report: fetch

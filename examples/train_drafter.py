@@ -23,6 +23,7 @@ checkpoint of `output_dir` (or starts when there is none): the same command star
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
 from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, resolve_checkpoint
 from adaflash_hf.training.data import frequent_tokens, script_training_dataset
+from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 
 
@@ -64,6 +66,7 @@ class ScriptArguments:
 
 
 def main():
+    use_cpu_when_data_parallel_without_gpus()  # `accelerate launch --multi_gpu --num_processes N` on CPUs: gloo DDP
     parser = HfArgumentParser((ScriptArguments, StoreDataArguments, DrafterTrainingConfig))
     script, store, config = parser.parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -118,9 +121,10 @@ def main():
             vocab, coverage = torch.tensor(stored["token_ids"]), stored["coverage"]
         else:
             eos = [t for t in [tokenizer.eos_token_id] if t is not None]
-            vocab, coverage = vocab_source(script.draft_vocab_size, eos)
-            output_dir.mkdir(parents=True, exist_ok=True)
-            vocab_file.write_text(json.dumps({"coverage": coverage, "token_ids": vocab.tolist()}))
+            vocab, coverage = vocab_source(script.draft_vocab_size, eos)  # the same in every process (same data)
+            if int(os.environ.get("RANK", "0")) == 0:  # `accelerate launch --num_processes N`: written once
+                output_dir.mkdir(parents=True, exist_ok=True)
+                vocab_file.write_text(json.dumps({"coverage": coverage, "token_ids": vocab.tolist()}))
         drafter.set_draft_vocab(vocab)
         logging.info("draft vocabulary: %d tokens covering %.2f%% of training response tokens",
                      len(vocab), 100 * coverage)
@@ -142,20 +146,25 @@ def main():
     resume = resolve_checkpoint(config.resume_from_checkpoint, output_dir)
     if resume:
         logging.info("resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=resume)
+    train_loss = trainer.train(resume_from_checkpoint=resume).training_loss  # averaged over all processes
     evals = [h for h in trainer.state.log_history if "eval_tau_proxy" in h]
     if evals and evals[-1].get("step") == trainer.state.global_step and not config.load_best_model_at_end:
         # evaluated at the last step already
         metrics = {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
     else:
         metrics = trainer.evaluate()
+    if not trainer.is_world_process_zero():  # data-parallel (`accelerate launch --num_processes N`): one saves
+        return
     final = output_dir / "final"
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps({
         "target": target_name, "train_sequences": len(train), "train_tokens": n_tokens,
-        "val_sequences": len(val), "eval": metrics, "script": {**vars(script), **vars(store)},
+        "val_sequences": len(val), "eval": metrics, "train_loss": train_loss,
+        "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "script": {**vars(script), **vars(store)},
         "steps": trainer.state.global_step, "compute": budget.summary(), "data": data_info,
+        "num_processes": trainer.args.world_size,
     }, indent=2, default=str))
     logging.info("saved %s (eval %s; %s)", final, metrics, budget.summary())
 

@@ -28,6 +28,7 @@ from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 from adaflash_hf.testbed import cache_dir, load_prompts
 from adaflash_hf.training import build_training_dataset
 from adaflash_hf.training.data import script_training_dataset
+from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 
 
@@ -67,6 +68,7 @@ def heldout_dataset(target, tokenizer, drafter, script):
 
 
 def main():
+    use_cpu_when_data_parallel_without_gpus()  # `accelerate launch --multi_gpu --num_processes N` on CPUs: gloo DDP
     script, args = HfArgumentParser((ScriptArguments, TrainingArguments)).parse_args_into_dataclasses()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     target, tokenizer, drafter = load_models(script.target, script.drafter, torch.float32)  # checked pair
@@ -89,8 +91,10 @@ def main():
     head = AdaFlashLengthHead(config)
     trainer = LengthHeadTrainer(model=head, args=args, train_dataset=train, eval_dataset=val,
                                 compute_metrics=length_metrics)
-    trainer.train()
+    train_loss = trainer.train().training_loss  # averaged over all processes
     metrics = trainer.evaluate()
+    if not trainer.is_world_process_zero():  # data-parallel (`accelerate launch --num_processes N`): one measures
+        return  # the cost model and saves
 
     if script.calibrate_threads:
         torch.set_num_threads(script.calibrate_threads)
@@ -99,7 +103,8 @@ def main():
     head.save_pretrained(final)
     cost.save(final / "cost_model.json")
     (final / "training_summary.json").write_text(json.dumps(
-        {"drafter": str(path), "blocks": len(data), "eval": metrics, "cost_model": cost.points}, indent=2))
+        {"drafter": str(path), "blocks": len(data), "eval": metrics, "train_loss": train_loss,
+         "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h], "num_processes": args.world_size, "steps": trainer.state.global_step, "cost_model": cost.points}, indent=2))
     logging.info("saved %s: %s", final, metrics)
 
 

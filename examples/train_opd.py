@@ -77,7 +77,8 @@ def main():
     trainer.model.save_pretrained(final)
     (final / "training_summary.json").write_text(json.dumps(
         {"init_drafter": str(path), "tau_proxy_before": before, "tau_proxy_after": after,
-         "train_loss": train_loss, "num_processes": trainer.args.world_size, "steps": trainer.state.global_step,
+         "train_loss": train_loss, "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+         "num_processes": trainer.args.world_size, "steps": trainer.state.global_step,
          "compute": budget.summary(), "opd": {k: getattr(config, k) for k in
                                                       ("temperature", "beta", "alpha", "kl_clip", "lmbda",
                                                        "learning_rate", "num_anchors")}}, indent=2))

@@ -1,6 +1,7 @@
-"""The example scripts as a user runs them: `python examples/X.py --help`, `accelerate launch ... --help`, and real
-tiny runs (one training step each) of `train_drafter.py`, then `train_opd.py` and `train_length_head.py` on its
-drafter, under `accelerate launch --cpu --num_processes 1`.
+"""The example scripts as a user runs them: `python examples/X.py --help`, `accelerate launch ... --help` (every
+script's help in one process each way), and real tiny runs (a few training steps each) of `train_drafter.py`, then
+`train_opd.py` and `train_length_head.py` on its drafter, under `accelerate launch --cpu --num_processes 1`, and
+data-parallel under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPUs): the same loss, one save.
 
 Everything runs in subprocesses (as on the command line), offline, on tiny random Llama targets saved to a folder
 with a character-level tokenizer; the testbed is not used. New scripts in `examples/` are picked up automatically.
@@ -53,11 +54,15 @@ def _run(args, timeout=180, **env) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=REPO_ROOT, env=_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
-def _accelerate(script: str, *args) -> list[str]:
-    """`accelerate launch --cpu --num_processes 1 examples/<script> ARGS` through this interpreter."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            str(REPO_ROOT / "examples" / script), *args]
+def _accelerate(script: str, *args, num_processes: int = 1) -> list[str]:
+    """`accelerate launch --cpu --num_processes 1 examples/<script> ARGS` through this interpreter (`script`: a
+    name in examples/, or a path). With `num_processes` > 1: `accelerate launch --multi_gpu --num_processes N`, N
+    data-parallel processes over gloo on CPUs (`adaflash_hf.training.distributed`; accelerate's `--cpu` launches
+    one process whatever `--num_processes` says)."""
+    path = Path(script) if os.sep in script else REPO_ROOT / "examples" / script
+    mode = "--cpu" if num_processes == 1 else "--multi_gpu"
+    return [sys.executable, "-m", "accelerate.commands.launch", mode, "--num_processes", str(num_processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(path), *args]
 
 
 def _check_usage(script: str, result: subprocess.CompletedProcess) -> None:
@@ -77,14 +82,48 @@ def test_every_example_is_documented_and_its_main_arguments_are_checked():
     assert not unchecked, f"examples whose --help is not checked for their main arguments: {unchecked}"
 
 
-@pytest.mark.parametrize("script", EXAMPLES)
-def test_help(script):
-    _check_usage(script, _run([sys.executable, str(REPO_ROOT / "examples" / script), "--help"]))
+# Every script's `--help`, as `python examples/X.py --help` runs it (`runpy`, `__name__ == "__main__"`, `sys.argv`),
+# all in ONE process (a process per script spent its time importing torch 20 times); each script's stdout, stderr
+# and exit status are returned as JSON.
+_ALL_HELPS = """
+import contextlib, io, json, runpy, sys
+results = {}
+for path in sys.argv[1:]:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [path, "--help"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException as exc:
+            code, _ = 1, err.write(repr(exc))
+    results[path.rsplit("/", 1)[-1]] = [code, out.getvalue(), err.getvalue()]
+print("HELPS" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module", params=["python", "accelerate launch"])
+def helps(request, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """`{script: CompletedProcess}` of `--help`, run by plain python, or under `accelerate launch --cpu
+    --num_processes 1` (the launcher starts one process that prints every script's help)."""
+    runner = tmp_path_factory.mktemp("helps") / "all_helps.py"
+    runner.write_text(_ALL_HELPS)
+    scripts = [str(REPO_ROOT / "examples" / s) for s in EXAMPLES]
+    if request.param == "python":
+        command = [sys.executable, str(runner), *scripts]
+    else:
+        command = _accelerate(str(runner), *scripts)
+    result = _run(command, timeout=300)
+    assert result.returncode == 0 and "HELPS" in result.stdout, result.stderr[-3000:]
+    data = json.loads(result.stdout.split("HELPS", 1)[1].strip().splitlines()[0])
+    return {script: subprocess.CompletedProcess([script, "--help"], code, out, err)
+            for script, (code, out, err) in data.items()}
 
 
 @pytest.mark.parametrize("script", EXAMPLES)
-def test_help_under_accelerate_launch(script):
-    _check_usage(script, _run(_accelerate(script, "--help")))
+def test_help(script, helps):
+    _check_usage(script, helps[script])
 
 
 # ------------------------------------------------------------------------------------------ a real tiny run
@@ -118,7 +157,31 @@ def write_prompts(path: Path, n: int = 8) -> Path:
 # Data arguments shared by the three training scripts: the same values give OPD / length head a cache hit on the
 # data train_drafter.py generated.
 DATA_ARGS = ["--max_new_tokens", "16", "--gen_batch_size", "8", "--gen_dtype", "float32"]
-ONE_STEP = ["--max_steps", "1", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"]
+STEPS = 4
+FEW_STEPS = ["--max_steps", str(STEPS), "--logging_steps", "1", "--save_strategy", "no", "--eval_strategy", "no",
+             "--disable_tqdm", "true"]
+# Data parallelism: two processes at half the per-device batch (the same global batch, the same sequences per
+# step) reach the one-process loss within LOSS_TOLERANCE (relative, the mean training loss of the run). The runs
+# differ only where each process draws its own random numbers (anchors; OPD's sampled blocks).
+LOSS_TOLERANCE = 0.10
+
+
+def _close(a: float, b: float, tolerance: float = LOSS_TOLERANCE) -> bool:
+    return abs(a - b) <= tolerance * abs(b)
+
+
+def _data_parallel_run(script: str, args: list[str], out: Path, one_process: dict, **env) -> dict:
+    """`accelerate launch --multi_gpu --num_processes 2 examples/<script> ARGS --output_dir OUT` on CPUs: trains
+    over gloo, saves once, and matches the one-process summary's loss; returns its summary."""
+    result = _run(_accelerate(script, *args, "--output_dir", str(out), num_processes=2), timeout=300, **env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stderr.count(f"saved {out / 'final'}") == 1, "every process saved"  # rank 0 only
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["num_processes"] == 2 and one_process["num_processes"] == 1
+    assert summary["steps"] == one_process["steps"] == STEPS and len(summary["loss_curve"]) == STEPS
+    assert _close(summary["train_loss"], one_process["train_loss"]), (summary["loss_curve"],
+                                                                       one_process["loss_curve"])
+    return summary
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +191,12 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_run")
     paths = {"root": root, "target": save_tiny_target(root / "target"), "prompts": write_prompts(root / "p.jsonl"),
              "cache": root / "cache", "drafter": root / "drafter"}
+    paths["args"] = ["--target", str(paths["target"]), "--train_prompts", str(paths["prompts"]), *DATA_ARGS,
+                     *FEW_STEPS, "--val_fraction", "0.25", "--num_layers", "1", "--block_size", "4",
+                     "--num_context_layers", "2", "--num_anchors", "4"]
     paths["result"] = _run(_accelerate(
-        "train_drafter.py", "--target", str(paths["target"]), "--train_prompts", str(paths["prompts"]),
-        "--output_dir", str(paths["drafter"]), *DATA_ARGS, *ONE_STEP, "--val_fraction", "0.25", "--num_layers", "1",
-        "--block_size", "4", "--num_context_layers", "2", "--num_anchors", "4", "--per_device_train_batch_size", "2",
-    ), timeout=300, ADAFLASH_HF_CACHE=str(paths["cache"]))
+        "train_drafter.py", *paths["args"], "--output_dir", str(paths["drafter"]), "--per_device_train_batch_size",
+        "2"), timeout=300, ADAFLASH_HF_CACHE=str(paths["cache"]))
     return paths
 
 
@@ -141,7 +205,8 @@ def _cached_files(cache: Path) -> set[str]:
 
 
 def test_train_drafter_one_step_under_accelerate_launch(tiny_run):
-    """Generates the data, trains one step, evaluates and saves a drafter that loads and drafts for that target."""
+    """Generates the data, trains a few steps, evaluates and saves a drafter that loads and drafts for that
+    target."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from adaflash_hf import AdaFlashDrafterModel
@@ -149,7 +214,7 @@ def test_train_drafter_one_step_under_accelerate_launch(tiny_run):
     assert tiny_run["result"].returncode == 0, tiny_run["result"].stderr[-4000:]
     final = tiny_run["drafter"] / "final"
     summary = json.loads((final / "training_summary.json").read_text())
-    assert summary["steps"] == 1 and summary["target"] == str(tiny_run["target"])
+    assert summary["steps"] == STEPS and summary["target"] == str(tiny_run["target"])
     assert summary["train_sequences"] == 6 and summary["val_sequences"] == 2
     assert summary["eval"]["eval_loss"] > 0 and 1.0 <= summary["eval"]["eval_tau_proxy"] <= 4.0
     assert _cached_files(tiny_run["cache"])  # the data cache went where ADAFLASH_HF_CACHE says
@@ -166,6 +231,17 @@ def test_train_drafter_one_step_under_accelerate_launch(tiny_run):
     assert torch.equal(plain, spec)  # lossless with the freshly trained drafter
 
 
+def test_train_drafter_data_parallel_matches_one_process(tiny_run):
+    """Two processes at per-device batch 1 = one process at batch 2: the same loss (first step: same weights, same
+    sequences, only the anchors drawn differ), one save."""
+    assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
+    one = json.loads((tiny_run["drafter"] / "final" / "training_summary.json").read_text())
+    two = _data_parallel_run("train_drafter.py", [*tiny_run["args"], "--per_device_train_batch_size", "1"],
+                             tiny_run["root"] / "drafter_dp", one, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
+    assert _close(two["loss_curve"][0], one["loss_curve"][0], 0.02)
+    assert two["train_sequences"] == one["train_sequences"]
+
+
 def _data_args(tiny_run) -> list[str]:
     return ["--target", str(tiny_run["target"]), "--train_prompts", str(tiny_run["prompts"]), *DATA_ARGS]
 
@@ -175,15 +251,18 @@ def test_train_opd_one_step_under_accelerate_launch(tiny_run):
     assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
     cached = _cached_files(tiny_run["cache"])
     out = tiny_run["root"] / "opd"
-    result = _run(_accelerate(
-        "train_opd.py", "--init_drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run),
-        "--output_dir", str(out), *ONE_STEP, "--val_fraction", "0.25", "--num_anchors", "4",
-        "--per_device_train_batch_size", "2",
-    ), timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
+    args = ["--init_drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run), *FEW_STEPS,
+            "--val_fraction", "0.25", "--num_anchors", "4"]
+    result = _run(_accelerate("train_opd.py", *args, "--output_dir", str(out), "--per_device_train_batch_size", "2"),
+                  timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((out / "final" / "training_summary.json").read_text())
-    assert summary["steps"] == 1 and set(summary["tau_proxy_after"]) >= {"chat", "code"}
+    assert summary["steps"] == STEPS and set(summary["tau_proxy_after"]) >= {"chat", "code"}
     assert (out / "final" / "model.safetensors").is_file()
+    assert _cached_files(tiny_run["cache"]) == cached
+    # data parallel: two processes at half the per-device batch, the same loss, one save
+    _data_parallel_run("train_opd.py", [*args, "--per_device_train_batch_size", "1"], tiny_run["root"] / "opd_dp",
+                       summary, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
     assert _cached_files(tiny_run["cache"]) == cached
 
 
@@ -194,16 +273,19 @@ def test_train_length_head_one_step_under_accelerate_launch(tiny_run):
     assert tiny_run["result"].returncode == 0, "train_drafter.py failed (see the test above)"
     cached = _cached_files(tiny_run["cache"])
     out = tiny_run["root"] / "length_head"
-    result = _run(_accelerate(
-        "train_length_head.py", "--drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run),
-        "--output_dir", str(out), *ONE_STEP, "--num_sequences", "8", "--num_anchors", "4", "--head_dim", "8",
-        "--report_to", "none",
-    ), timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
+    args = ["--drafter", str(tiny_run["drafter"] / "final"), *_data_args(tiny_run), *FEW_STEPS, "--num_sequences", "8",
+            "--num_anchors", "4", "--head_dim", "8", "--report_to", "none"]
+    result = _run(_accelerate("train_length_head.py", *args, "--output_dir", str(out),
+                              "--per_device_train_batch_size", "4"), timeout=300, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
     assert result.returncode == 0, result.stderr[-4000:]
     head, cost = load_length_head_folder(out / "final")
     assert head.config.block_size == 4 and cost is not None and cost.points
-    assert json.loads((out / "final" / "training_summary.json").read_text())["blocks"] > 0
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["blocks"] > 0
     assert _cached_files(tiny_run["cache"]) == cached
+    # data parallel: two processes at half the per-device batch, the same loss (not twice it), one save
+    _data_parallel_run("train_length_head.py", [*args, "--per_device_train_batch_size", "2"],
+                       tiny_run["root"] / "length_head_dp", summary, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
 
 
 def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run):

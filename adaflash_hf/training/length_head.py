@@ -78,6 +78,13 @@ def expected_acceptance(labels: torch.Tensor) -> torch.Tensor:
 class LengthHeadTrainer(Trainer):
     """`Trainer` for the length head; evaluation also reports calibration of predicted accepted length."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The head's forward takes `**kwargs` but computes a mean loss (it ignores `num_items_in_batch`): without
+        # this, Trainer multiplies the loss by the number of processes under data parallelism (2x the loss and the
+        # gradients with `--num_processes 2`).
+        self.model_accepts_loss_kwargs = False
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():

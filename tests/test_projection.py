@@ -47,6 +47,8 @@ def test_projected_block_is_per_method_and_apart_from_measurements():
     spec_s = 0.1 + 0.010 + 3 * 0.016 + 3 * 0.002
     assert block["methods"]["adaflash"]["overall"]["tokens_per_s"] == pytest.approx(10 / spec_s)
     assert block["methods"]["adaflash"]["domains"]["code"]["speedup"] == pytest.approx(0.2 / spec_s)
+    split = block["methods"]["adaflash"]["overall"]["seconds_split"]
+    assert split == pytest.approx({"host": 0.1, "target": 0.010 + 3 * 0.016, "drafter": 3 * 0.002})
     json.dumps(block)
 
 

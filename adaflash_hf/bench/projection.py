@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 
+SPLIT = ("host", "target", "drafter")  # host: measured here; target / drafter forwards: from the cost model
 PROJECTED_NOTE = ("projected, not measured: this machine's host time + the cost model's seconds for the forwards "
                   "each run computed here (rows x tokens)")
 
@@ -47,15 +48,22 @@ class ForwardLog:
                           self.wall_seconds, self.partial)
 
 
-def projected_seconds(log: ForwardLog, cost) -> float | None:
-    """Seconds the logged forwards would take on `cost`'s device, plus the host seconds measured here (None: not
-    projectable, e.g. early-exit forwards)."""
+def projected_split(log: ForwardLog, cost) -> dict | None:
+    """`{"host", "target", "drafter"}` seconds of the logged run on `cost`'s device: host measured here, forwards
+    from the cost model (None: not projectable, e.g. early-exit forwards)."""
     if log.partial:
         return None
     widest = max(cost.num_tokens())
-    target = sum(cost.seconds(min(tokens, widest), rows) for rows, tokens in log.target)
-    drafter = sum(cost.draft_seconds(rows) for rows in log.drafter)
-    return log.host_seconds + target + drafter
+    return {"host": log.host_seconds,
+            "target": sum(cost.seconds(min(tokens, widest), rows) for rows, tokens in log.target),
+            "drafter": sum(cost.draft_seconds(rows) for rows in log.drafter)}
+
+
+def projected_seconds(log: ForwardLog, cost) -> float | None:
+    """Seconds the logged forwards would take on `cost`'s device, plus the host seconds measured here (None: not
+    projectable, e.g. early-exit forwards)."""
+    split = projected_split(log, cost)
+    return None if split is None else sum(split.values())
 
 
 def _rows_tokens(args, kwargs) -> tuple[int, int]:
@@ -151,21 +159,24 @@ def rate_table(items, cost, plain: str = "plain") -> dict:
     unprojectable run gets None."""
     groups: dict = {}
     for method, domain, tokens, log in items:
-        seconds = projected_seconds(log, cost)
+        split = projected_split(log, cost)
         for key in ("overall", domain):
-            acc = groups.setdefault(method, {}).setdefault(key, [0, 0.0, True])
+            acc = groups.setdefault(method, {}).setdefault(key, [0, 0.0, True, dict.fromkeys(SPLIT, 0.0)])
             acc[0] += tokens
-            acc[1] += seconds or 0.0
-            acc[2] = acc[2] and seconds is not None
+            acc[1] += sum(split.values()) if split else 0.0
+            acc[2] = acc[2] and split is not None
+            for part in SPLIT:
+                acc[3][part] += split[part] if split else 0.0
     out = {}
     for method, by_key in groups.items():
         rows = {}
-        for key, (tokens, seconds, ok) in by_key.items():
+        for key, (tokens, seconds, ok, parts) in by_key.items():
             rate = tokens / seconds if ok and seconds > 0 else None
             base = groups.get(plain, {}).get(key)
             base_rate = base[0] / base[1] if base and base[2] and base[1] > 0 else None
             rows[key] = {"tokens_per_s": rate, "speedup": rate / base_rate if rate and base_rate else None,
-                         "seconds": seconds if ok else None, "new_tokens": tokens}
+                         "seconds": seconds if ok else None, "new_tokens": tokens,
+                         "seconds_split": parts if ok else None}
         out[method] = {"overall": rows.pop("overall"), "domains": rows}
     return out
 
@@ -182,14 +193,17 @@ def print_projected(block: dict, domains=()) -> None:
           "this machine's host time + that device's forward costs for the rounds run here")
     if block.get("assumptions"):
         print(f"  assumes: {block['assumptions']}")
-    print(f"{'method':<19}{'domain':<9}{'proj tok/s':>11}{'proj speedup':>14}")
+    print(f"{'method':<19}{'domain':<9}{'proj tok/s':>11}{'proj speedup':>14}   seconds: host (here) / target / "
+          "drafter (cost model)")
     for method, data in block["methods"].items():
         for name, row in [("overall", data["overall"])] + [(d, data["domains"][d]) for d in domains
                                                            if d in data["domains"]]:
             rate = f"{row['tokens_per_s']:>11.1f}" if row["tokens_per_s"] else f"{'n/a':>11}"
             speed = f"{row['speedup']:>13.2f}x" if row["speedup"] else f"{'n/a':>14}"
-            print(f"{method:<19}{name:<9}{rate}{speed}")
+            parts = row.get("seconds_split")
+            split = " / ".join(f"{parts[k]:.2f}" for k in SPLIT) if parts else "-"
+            print(f"{method:<19}{name:<9}{rate}{speed}   {split}")
 
 
-__all__ = ["PROJECTED_NOTE", "ForwardLog", "ForwardProbe", "cost_model_info", "print_projected", "project_bench",
-           "projected_seconds", "rate_table"]
+__all__ = ["PROJECTED_NOTE", "SPLIT", "ForwardLog", "ForwardProbe", "cost_model_info", "print_projected",
+           "project_bench", "projected_seconds", "projected_split", "rate_table"]

@@ -139,8 +139,8 @@ def _explain(target, drafter, dtype, totals, logs) -> None:
         rates[path] = totals[path][0] / sum(seconds) if all(s is not None for s in seconds) else None
     if rates["plain"] and rates["speculative"]:
         print(f"PROJECTED on an NVIDIA H200 ({name}.json; not measured: the same rounds with that device's forward "
-              f"costs + the host time measured here; drafting step assumed {1e3 * h200.draft_seconds(1):.0f} ms): plain "
-              f"{rates['plain']:.1f} tok/s, speculative {rates['speculative']:.1f} tok/s, speed-up "
+              f"costs + the host time measured here; drafting step assumed {1e3 * h200.draft_seconds(1):.0f} ms): "
+              f"plain {rates['plain']:.1f} tok/s, speculative {rates['speculative']:.1f} tok/s, speed-up "
               f"{rates['speculative'] / rates['plain']:.2f}x (rounds chosen with this machine's costs; "
               f"`adaflash-hf bench --cost-model {name}` lets the H200's costs choose them)")
 

@@ -94,4 +94,5 @@ def bench_records(prompts=None, max_per_domain: int | None = None) -> list[dict]
     return select_per_domain(read_prompts_jsonl(prompts) if prompts else default_eval_prompts(), max_per_domain)
 
 
-__all__ = ["DEVICES", "apply_cost_model", "attach_length_head", "bench_records", "load_models", "resolve_device", "select_per_domain"]
+__all__ = ["DEVICES", "apply_cost_model", "attach_length_head", "bench_records", "load_models", "resolve_device",
+           "select_per_domain"]

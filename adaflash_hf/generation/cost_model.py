@@ -335,9 +335,6 @@ def cache_path(target, drafter=None) -> Path:
     return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
 
 
-_SIMULATED: set[int] = set()  # ids of explicitly passed foreign cost models already logged
-
-
 def shipped_cost_model(name: str) -> TargetCostModel:
     """A reference device's cost model shipped in `adaflash_hf/cost_models/NAME.json` (explicit: applied as given)."""
     path = Path(__file__).resolve().parent.parent / "cost_models" / f"{name}.json"
@@ -353,8 +350,8 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
 
     `candidate` (e.g. one shipped with a length head) is used when it was measured on this device/dtype/threads and
     covers `batch_sizes`; one from another device is used as given when it was passed explicitly (not `implicit`:
-    a simulated device, logged once per model). Otherwise the cached measurement for this setup (`cache_path`) is loaded; when it does not
-    reach `max(batch_sizes)` rows (or there is none), rows 1 and `max(batch_sizes)` are measured (logged, with a
+    a simulated device, logged once per model). Otherwise the cached measurement for this setup (`cache_path`) is
+    loaded; when it does not reach `max(batch_sizes)` rows (or there is none), rows 1 and `max(batch_sizes)` are measured (logged, with a
     progress bar unless `progress=False`), under a file lock so that only one thread or process measures at a time
     (the others wait, then read what it wrote), and cached. `calibrate=False` returns the cached model or None
     instead of measuring.
@@ -364,16 +361,17 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
         if candidate.covers(max(batch_sizes), drafts=drafter is not None):
             return candidate
     elif candidate is not None and not candidate.implicit:
-        if id(candidate) not in _SIMULATED:
-            _SIMULATED.add(id(candidate))
+        if not getattr(candidate, "_announced", False):
+            candidate._announced = True
             logger.warning("deciding with the costs of %s (%s), passed explicitly, not with this %s's: a simulated "
                            "device (outputs are unchanged; measured speeds are this machine's)",
                            candidate.device or "an unnamed device", candidate.dtype or "?", device_name(target.device))
         return candidate
     elif candidate is not None:
         logger.warning("cost model measured on %s (%s, threads=%s) does not describe %s (%s, threads=%s): using one "
-                       "measured here instead (pass one explicitly to simulate another device)", candidate.device or "an unknown device", candidate.dtype or "?",
-                       candidate.threads or "?", device_name(target.device), dtype, threads)
+                       "measured here instead (pass one explicitly to simulate another device)",
+                       candidate.device or "an unknown device", candidate.dtype or "?", candidate.threads or "?",
+                       device_name(target.device), dtype, threads)
     path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
     model = TargetCostModel.load(path) if path.is_file() else None
     if not calibrate or (model is not None and model.covers(needed, drafts=drafts)):

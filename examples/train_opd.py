@@ -68,13 +68,14 @@ def main():
     callbacks = [budget, EvalCurveCallback(config.output_dir, tokenizer=tokenizer, budget=budget)]
     trainer = OPDTrainer(drafter, config, target, train_dataset=train, eval_dataset=val, callbacks=callbacks,
                          eval_domains=sorted(by_domain))
-    before = trainer.evaluate_per_domain(by_domain)
+    before = trainer.evaluate_per_domain(by_domain) if script.eval_before else None
     train_loss = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint).training_loss
-    after = trainer.evaluate_per_domain(by_domain)
-    if not trainer.is_world_process_zero():  # data-parallel (`accelerate launch --num_processes N`): one saves
-        return
     final = Path(config.output_dir) / "final"
-    trainer.model.save_pretrained(final)
+    if trainer.is_world_process_zero():  # data-parallel (`accelerate launch --num_processes N`): one saves
+        trainer.model.save_pretrained(final)  # before the evaluation: a killed evaluation loses nothing
+    after = trainer.evaluate_per_domain(by_domain)
+    if not trainer.is_world_process_zero():
+        return
     (final / "training_summary.json").write_text(json.dumps(
         {"init_drafter": str(path), "tau_proxy_before": before, "tau_proxy_after": after,
          "train_loss": train_loss, "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],

@@ -25,9 +25,9 @@ import torch
 import adaflash_hf  # noqa: F401
 from adaflash_hf.bench.models import bench_records, load_models
 from adaflash_hf.testbed.prompts import encode_prompt
-from adaflash_hf.training.label_store import LabelStore, generate_greedy, store_dir
-from adaflash_hf.training.replay import (draft_every_anchor, greedy_prefix_len, uniform_anchor_accepted,
-                                         walk_rounds)
+from adaflash_hf.training.label_store import LabelStore, store_dir
+from adaflash_hf.training.replay import (cached_greedy_responses, draft_every_anchor, greedy_prefix_len,
+                                         uniform_anchor_accepted, walk_rounds)
 from adaflash_hf.training.store_data import split_holdout
 
 STEPS = ("1 tau_proxy (logged, 32 sampled anchors)", "2 every anchor", "3 fp32 context", "4 on the fp32 greedy path",
@@ -73,13 +73,6 @@ def by_domain(rows, key):
     return res
 
 
-def greedy(target, tokenizer, prompts, max_new_tokens, batch=8):
-    out = []
-    for i in range(0, len(prompts), batch):
-        out += [r for r, _ in generate_greedy(target, tokenizer, prompts[i:i + batch], max_new_tokens)]
-    return out
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", default=None, help="drafter folder (default: the shipped default drafter)")
@@ -87,6 +80,10 @@ def main():
     parser.add_argument("--val_per_domain", type=int, default=31)
     parser.add_argument("--max_new_tokens", type=int, default=128, help="served length (steps 6-7)")
     parser.add_argument("--eval_per_domain", type=int, default=12, help="held-out eval-split prompts per domain")
+    parser.add_argument("--store_per_domain", type=int, default=None,
+                        help="use the first N held-out store responses of each domain (default: all of --val_per_domain)")
+    parser.add_argument("--responses", default="outputs/heldout_responses.jsonl",
+                        help="cache of the target's fp32 greedy responses (shared with examples/replay_drafters.py)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)
@@ -96,7 +93,7 @@ def main():
     target, tokenizer, drafter = load_models(None, args.drafter, torch.float32, "cpu")
     store = LabelStore(store_dir("testbed:SmolLM2-135M-Instruct", torch.bfloat16))
     candidates = [(store, "responses", e) for e in store.entries("responses")]
-    _, val = split_holdout(candidates, args.holdout_permille, args.val_per_domain)
+    _, val = split_holdout(candidates, args.holdout_permille, args.store_per_domain or args.val_per_domain)
 
     store_rows, prompts = [], []
     for i, (_, _, entry) in enumerate(val):
@@ -105,15 +102,15 @@ def main():
         prompts.append(ids[:plen].tolist())
         print(f"store {i + 1}/{len(val)}", flush=True)
     fp32_rows = []
-    for (_, _, entry), prompt, resp in zip(val, prompts, greedy(target, tokenizer, prompts, args.max_new_tokens)):
-        fp32_rows.append({"domain": entry["domain"],
-                          **measure(drafter, target, prompt + resp, len(prompt), args.max_new_tokens)})
+    fp32 = cached_greedy_responses(target, tokenizer, prompts, args.max_new_tokens, args.responses, batch_size=16)
+    for (_, _, entry), prompt, seq in zip(val, prompts, fp32):
+        fp32_rows.append({"domain": entry["domain"], **measure(drafter, target, seq, len(prompt), args.max_new_tokens)})
     records = bench_records(max_per_domain=args.eval_per_domain)
     eval_prompts = [encode_prompt(tokenizer, r["prompt"]) for r in records]
     eval_rows = []
-    for r, prompt, resp in zip(records, eval_prompts, greedy(target, tokenizer, eval_prompts, args.max_new_tokens)):
-        eval_rows.append({"domain": r["domain"],
-                          **measure(drafter, target, prompt + resp, len(prompt), args.max_new_tokens)})
+    eval_seqs = cached_greedy_responses(target, tokenizer, eval_prompts, args.max_new_tokens, args.responses)
+    for r, prompt, seq in zip(records, eval_prompts, eval_seqs):
+        eval_rows.append({"domain": r["domain"], **measure(drafter, target, seq, len(prompt), args.max_new_tokens)})
 
     summary_file = Path(drafter.name_or_path) / "training_summary.json"
     logged = {}

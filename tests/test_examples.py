@@ -25,6 +25,8 @@ EXAMPLES = sorted(p.name for p in (REPO_ROOT / "examples").glob("*.py") if not p
 # The arguments a user reaches for first; `--help` must list them. Scripts not listed here (new ones) must still
 # print a usage line with at least one option.
 MAIN_ARGUMENTS = {
+    "accelerator_recipe.py": ["--device", "--minutes", "--output_dir", "--toy", "--target", "--train_prompts",
+                              "--init_drafter", "--generate_minutes", "--train_minutes"],
     "data_curve.py": ["--sizes", "--max_steps", "--output_dir"],
     "drafter_shapes.py": ["--shapes", "--cpu_minutes", "--output_dir", "--json"],
     "label_data.py": ["--responses_per_domain", "--corpus_tokens", "--threads", "--max_new_tokens"],
@@ -33,9 +35,11 @@ MAIN_ARGUMENTS = {
     "push_to_hub.py": ["--drafter", "--repo-id", "--bench-json", "--length-head", "--adapters", "--dry-run"],
     "train_drafter.py": ["--target", "--train_prompts", "--output_dir", "--max_steps", "--block_size",
                          "--num_layers", "--init_drafter", "--resume_from_checkpoint", "--label_store",
-                         "--corpus_ratio", "--max_cpu_seconds", "--init_from_target"],
+                         "--corpus_ratio", "--max_cpu_seconds", "--max_train_seconds", "--init_from_target"],
     "train_campaign.py": ["--leg_cpu_minutes", "--status", "--name", "--init_drafter"],
-    "tau_gap.py": ["--drafter", "--max_new_tokens", "--eval_per_domain", "--json", "--markdown"],
+    "replay_drafters.py": ["--drafters", "--labels", "--steps", "--prompts", "--per_domain", "--json"],
+    "tau_gap.py": ["--drafter", "--max_new_tokens", "--eval_per_domain", "--store_per_domain", "--responses", "--json",
+                   "--markdown"],
     "train_length_head.py": ["--drafter", "--target", "--train_prompts", "--output_dir", "--num_sequences",
                              "--max_steps"],
     "train_opd.py": ["--init_drafter", "--target", "--train_prompts", "--output_dir", "--lmbda", "--temperature",

@@ -126,3 +126,21 @@ def test_sample_reveal_shows_only_labelled_leading_positions():
     assert 0.4 < (reveal[:, 0] > 0).float().mean() < 0.6  # half the blocks, lengths 1..B-2
     assert set(reveal[:, 0].tolist()) == set(range(7))
     assert sample_reveal(mask, 0.0).abs().sum() == 0
+
+
+def test_greedy_responses_are_generated_once_and_cached(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import adaflash_hf.training.label_store as label_store
+    from adaflash_hf.training.replay import cached_greedy_responses
+
+    target = make_tiny_target()
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=None)
+    prompts = [[5, 6, 7], [8, 9], [5, 6, 7]]
+    cache = tmp_path / "responses.jsonl"
+    first = cached_greedy_responses(target, tokenizer, prompts, 6, cache, batch_size=2, progress=False)
+    with torch.no_grad():
+        plain = target.generate(torch.tensor([[8, 9]]), max_new_tokens=6, do_sample=False)
+    assert first[1] == plain[0].tolist() and first[0] == first[2] and first[0][:3] == [5, 6, 7]
+    monkeypatch.setattr(label_store, "generate_greedy", lambda *a, **k: pytest.fail("regenerated"))
+    assert cached_greedy_responses(target, tokenizer, prompts, 6, cache, progress=False) == first

@@ -150,6 +150,36 @@ def uniform_anchor_accepted(drafts: torch.Tensor, input_ids: torch.Tensor, targe
     return correct.long().cumprod(dim=-1).sum(dim=-1)[0]
 
 
+def cached_greedy_responses(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, cache=None,
+                            batch_size: int = 8, progress: bool = True) -> list[list[int]]:
+    """`prompt + greedy response` token ids for each token-id prompt, generated in left-padded batches
+    (`label_store.generate_greedy`) and kept in `cache` (a JSONL file keyed by prompt ids and length) so that
+    replaying more drafters on the same prompts never regenerates them. Replay only the part that follows the
+    served target's greedy path (`greedy_prefix_len`): batch padding may flip a near-tied argmax."""
+    import json
+    from pathlib import Path
+
+    from .label_store import generate_greedy
+
+    cache = Path(cache) if cache is not None else None
+    keyed = {}
+    if cache is not None and cache.is_file():
+        keyed = {(tuple(r["prompt_ids"]), r["max_new_tokens"]): r["ids"] for r in map(json.loads, cache.open())}
+    missing = [p for p in dict.fromkeys(tuple(p) for p in prompts) if (p, max_new_tokens) not in keyed]
+    for start in range(0, len(missing), batch_size):
+        chunk = missing[start : start + batch_size]
+        for prompt, (response, _) in zip(chunk, generate_greedy(target, tokenizer, [list(p) for p in chunk],
+                                                                max_new_tokens)):
+            keyed[(prompt, max_new_tokens)] = list(prompt) + response
+        if progress:
+            print(f"greedy responses: {min(start + batch_size, len(missing))}/{len(missing)}", flush=True)
+        if cache is not None:  # after every batch: a killed run keeps what it generated
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text("".join(json.dumps({"prompt_ids": list(p), "max_new_tokens": m, "ids": ids}) + "\n"
+                                     for (p, m), ids in keyed.items()))
+    return [keyed[(tuple(p), max_new_tokens)] for p in prompts]
+
+
 def greedy_prefix_len(input_ids, target_argmax, prompt_len: int) -> int:
     """Length of the longest prefix of `input_ids [T]` whose response follows `target_argmax [T]` (the target's
     greedy token after each position): a stored response generated in another dtype is replayed only as far as
@@ -159,5 +189,5 @@ def greedy_prefix_len(input_ids, target_argmax, prompt_len: int) -> int:
     return int(prompt_len + off[0]) if len(off) else int(ids.shape[0])
 
 
-__all__ = ["ReplayResult", "draft_every_anchor", "greedy_prefix_len", "pooled_tau", "replay", "target_context",
+__all__ = ["ReplayResult", "cached_greedy_responses", "draft_every_anchor", "greedy_prefix_len", "pooled_tau", "replay", "target_context",
            "uniform_anchor_accepted", "walk_rounds"]

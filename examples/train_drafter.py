@@ -18,7 +18,8 @@ the store's responses that no run ever trains on (`adaflash_hf/training/store_da
 is counted on the training responses only. Every evaluation is appended to `output_dir/eval_curve.json` and the
 best drafter so far is kept in `output_dir/best`. `--resume_from_checkpoint last` resumes from the newest
 checkpoint of `output_dir` (or starts when there is none): the same command starts and resumes a run.
-`--max_cpu_seconds` stops after that much training CPU time (to compare shapes under the same compute).
+`--max_cpu_seconds` stops after that much training CPU time (to compare shapes under the same compute);
+`--max_train_seconds` after that much wall-clock time (the budget that matters on a GPU).
 """
 
 import json
@@ -61,6 +62,8 @@ class ScriptArguments:
         "help": "initialise the drafter layers from the target's top layers (false: random init)"})
     max_cpu_seconds: float | None = field(default=None, metadata={
         "help": "stop after this much CPU time in training steps (same-compute comparisons; legs of a long run)"})
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "stop after this many wall-clock seconds of training, evaluations included (GPU time budgets)"})
     record_only: bool = field(default=False, metadata={
         "help": "label store: only record the hidden states of the selection (cached), then exit"})
 
@@ -132,7 +135,7 @@ def main():
     logging.info("training data: %d sequences (%d tokens), validation: %d sequences", len(train), n_tokens, len(val))
     domains = sorted(set(val["domain"])) if len(val) else None
 
-    budget = ComputeBudgetCallback(script.max_cpu_seconds)
+    budget = ComputeBudgetCallback(script.max_cpu_seconds, max_train_seconds=script.max_train_seconds)
     shape = {"num_layers": drafter.config.num_hidden_layers, "block_size": drafter.config.block_size,
              "init_from_target": script.init_from_target, "train_sequences": len(train), "train_tokens": n_tokens}
     callbacks = [budget, EvalCurveCallback(output_dir, tokenizer=tokenizer, budget=budget, extra=shape)]

@@ -10,6 +10,9 @@
   on what else runs on the machine; evaluations and saves are excluded) and stops training once it reaches
   `max_cpu_seconds`: the way to compare drafter shapes "under the same compute" on a shared CPU, and to run a
   long training in legs (with checkpoints on, it saves one where it stops, so the next leg resumes there).
+  `max_train_seconds` is the wall-clock alternative (what counts on an accelerator, where the CPU mostly waits):
+  training stops once that many seconds have passed since it began, evaluations and saves included; the wall time
+  of the steps alone is reported too (`train_wall_seconds`, for tokens/s).
 """
 
 from __future__ import annotations
@@ -36,26 +39,40 @@ class ComputeBudgetCallback(TrainerCallback):
     out the first `warmup_steps` steps (allocator and kernel warm-up).
     """
 
-    def __init__(self, max_cpu_seconds: float | None = None, warmup_steps: int = 2):
+    def __init__(self, max_cpu_seconds: float | None = None, warmup_steps: int = 2,
+                 max_train_seconds: float | None = None):
         self.max_cpu_seconds, self.warmup_steps = max_cpu_seconds, warmup_steps
+        self.max_train_seconds = max_train_seconds
         self.cpu_seconds, self.steps, self.steady_seconds, self.steady_steps = 0.0, 0, 0.0, 0
-        self._start = None
+        self.wall_seconds = 0.0  # wall time inside the training steps
+        self._start = self._wall_start = self._train_begin = None
         self.offset = 0.0  # CPU seconds of earlier runs of this output_dir (set by EvalCurveCallback on resume)
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._train_begin = time.perf_counter()
+
+    def elapsed_seconds(self) -> float:
+        """Wall-clock seconds since training began (0 before it did)."""
+        return 0.0 if self._train_begin is None else time.perf_counter() - self._train_begin
+
     def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.process_time()
+        self._start, self._wall_start = time.process_time(), time.perf_counter()
+        if self._train_begin is None:
+            self._train_begin = self._wall_start
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._start is None:
             return
         spent = time.process_time() - self._start
+        self.wall_seconds += time.perf_counter() - self._wall_start
         self._start = None
         self.cpu_seconds += spent
         self.steps += 1
         if self.steps > self.warmup_steps:
             self.steady_seconds += spent
             self.steady_steps += 1
-        if self.max_cpu_seconds is not None and self.cpu_seconds >= self.max_cpu_seconds:
+        if (self.max_cpu_seconds is not None and self.cpu_seconds >= self.max_cpu_seconds) or (
+                self.max_train_seconds is not None and self.elapsed_seconds() >= self.max_train_seconds):
             control.should_training_stop = True
             if str(getattr(args, "save_strategy", "no")).lower().split(".")[-1] != "no":
                 control.should_save = True  # a run stopped by its budget resumes from where it stopped
@@ -68,7 +85,8 @@ class ComputeBudgetCallback(TrainerCallback):
     def summary(self) -> dict:
         return {"train_cpu_seconds": round(self.cpu_seconds, 2), "train_steps_this_run": self.steps,
                 "cpu_seconds_per_step": round(self.seconds_per_step(), 4),
-                "max_cpu_seconds": self.max_cpu_seconds}
+                "max_cpu_seconds": self.max_cpu_seconds, "train_wall_seconds": round(self.wall_seconds, 2),
+                "max_train_seconds": self.max_train_seconds}
 
 
 def resolve_checkpoint(value, output_dir) -> str | None:

@@ -192,7 +192,7 @@ def test_trust_remote_code_load_in_a_fresh_process_without_adaflash(tmp_path, ti
     env_cmd = [sys.executable, str(script), str(tmp_path / "drafter"), str(tmp_path / "target")]
     result = subprocess.run(env_cmd, capture_output=True, text=True, timeout=300,
                             env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
-                                 "PATH": "/usr/bin:/bin"})
+                                 "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     plain = tiny_target.generate(torch.tensor([[3, 14, 15, 9, 26, 5]]), max_new_tokens=12, do_sample=False)
     assert f"REMOTE_OK torch.bfloat16 {plain.tolist()}" in result.stdout

@@ -87,8 +87,8 @@ def test_every_example_is_documented_and_its_main_arguments_are_checked():
 
 
 # Every script's `--help`, as `python examples/X.py --help` runs it (`runpy`, `__name__ == "__main__"`, `sys.argv`),
-# all in ONE process (a process per script spent its time importing torch 20 times); each script's stdout, stderr
-# and exit status are returned as JSON.
+# all in one process: this one for `python`, one `accelerate launch` for the launcher (a process per script spent
+# its time importing torch 20 times); each script's stdout, stderr and exit status are returned as JSON.
 _ALL_HELPS = """
 import contextlib, io, json, runpy, sys
 results = {}
@@ -114,13 +114,23 @@ def helps(request, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     runner = tmp_path_factory.mktemp("helps") / "all_helps.py"
     runner.write_text(_ALL_HELPS)
     scripts = [str(REPO_ROOT / "examples" / s) for s in EXAMPLES]
-    if request.param == "python":
-        command = [sys.executable, str(runner), *scripts]
+    if request.param == "python":  # in this process (the scripts' imports are the library's, loaded here anyway)
+        import contextlib
+        import io
+
+        argv, out = sys.argv, io.StringIO()
+        try:
+            sys.argv = [str(runner), *scripts]
+            with contextlib.redirect_stdout(out):
+                exec(compile(_ALL_HELPS, str(runner), "exec"), {"__name__": "__main__"})
+        finally:
+            sys.argv = argv
+        stdout = out.getvalue()
     else:
-        command = _accelerate(str(runner), *scripts)
-    result = _run(command, timeout=300)
-    assert result.returncode == 0 and "HELPS" in result.stdout, result.stderr[-3000:]
-    data = json.loads(result.stdout.split("HELPS", 1)[1].strip().splitlines()[0])
+        result = _run(_accelerate(str(runner), *scripts), timeout=300)
+        assert result.returncode == 0 and "HELPS" in result.stdout, result.stderr[-3000:]
+        stdout = result.stdout
+    data = json.loads(stdout.split("HELPS", 1)[1].strip().splitlines()[0])
     return {script: subprocess.CompletedProcess([script, "--help"], code, out, err)
             for script, (code, out, err) in data.items()}
 

@@ -35,7 +35,7 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
-from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, resolve_checkpoint
+from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, best_metric, resolve_checkpoint
 from adaflash_hf.training.data import frequent_tokens, script_training_dataset
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
@@ -138,7 +138,8 @@ def main():
     budget = ComputeBudgetCallback(script.max_cpu_seconds, max_train_seconds=script.max_train_seconds)
     shape = {"num_layers": drafter.config.num_hidden_layers, "block_size": drafter.config.block_size,
              "init_from_target": script.init_from_target, "train_sequences": len(train), "train_tokens": n_tokens}
-    callbacks = [budget, EvalCurveCallback(output_dir, tokenizer=tokenizer, budget=budget, extra=shape)]
+    callbacks = [budget, EvalCurveCallback(output_dir, metric=best_metric(config), tokenizer=tokenizer, budget=budget,
+                                           extra=shape)]
     if config.load_best_model_at_end:
         # Early stopping needs a tracked best metric: `--load_best_model_at_end true --metric_for_best_model tau_proxy`.
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=script.early_stopping_patience))

@@ -22,7 +22,7 @@ import adaflash_hf  # noqa: F401
 from adaflash_hf.bench.models import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.training import OPDConfig, OPDTrainer
-from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback
+from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, best_metric
 from adaflash_hf.training.data import script_training_dataset
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
@@ -65,7 +65,8 @@ def main():
         train, val = split["train"], split["test"]
     by_domain = {d: val.filter(lambda r, d=d: r["domain"] == d) for d in sorted(set(val["domain"]))}
     budget = ComputeBudgetCallback(script.max_cpu_seconds)
-    callbacks = [budget, EvalCurveCallback(config.output_dir, tokenizer=tokenizer, budget=budget)]
+    callbacks = [budget, EvalCurveCallback(config.output_dir, metric=best_metric(config), tokenizer=tokenizer,
+                                           budget=budget)]
     trainer = OPDTrainer(drafter, config, target, train_dataset=train, eval_dataset=val, callbacks=callbacks,
                          eval_domains=sorted(by_domain))
     before = trainer.evaluate_per_domain(by_domain) if script.eval_before else None

@@ -251,3 +251,12 @@ def test_prefix_revealed_training_learns_the_rest_of_the_block(recorded, tmp_pat
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="reveal_prob"):
         DrafterTrainingConfig(output_dir=str(tmp_path), reveal_prob=1.5, use_cpu=True)
+
+
+def test_best_drafter_is_picked_by_replayed_tau_when_it_is_measured(tmp_path):
+    from adaflash_hf.training.callbacks import EvalCurveCallback, best_metric
+
+    assert best_metric(DrafterTrainingConfig(output_dir=str(tmp_path), use_cpu=True)) == "replay_tau"
+    off = DrafterTrainingConfig(output_dir=str(tmp_path), use_cpu=True, replay_eval=False)
+    assert best_metric(off) == "tau_proxy"
+    assert EvalCurveCallback(tmp_path, metric=best_metric(off)).metric == "eval_tau_proxy"

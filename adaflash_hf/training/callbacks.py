@@ -101,6 +101,12 @@ def resolve_checkpoint(value, output_dir) -> str | None:
     return str(value)
 
 
+def best_metric(config) -> str:
+    """The metric that picks a run's best drafter: `replay_tau` (what serving gets, `training/replay.py`) when the
+    evaluation reports it, else `tau_proxy` (uniform anchors, which overstates served tau: docs/tau_gap.md)."""
+    return "replay_tau" if getattr(config, "replay_eval", False) else "tau_proxy"
+
+
 class EvalCurveCallback(TrainerCallback):
     """`<output_dir>/eval_curve.json` (a list of points, one per evaluation) and `<output_dir>/best`.
 
@@ -176,4 +182,4 @@ class EvalCurveCallback(TrainerCallback):
         _write_json(self.path, {"metric": self.metric, "best": best, "runs": self.runs, "points": self.points})
 
 
-__all__ = ["ComputeBudgetCallback", "EvalCurveCallback", "resolve_checkpoint"]
+__all__ = ["ComputeBudgetCallback", "EvalCurveCallback", "best_metric", "resolve_checkpoint"]

@@ -71,6 +71,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS) of the leg")
     parser.add_argument("--status", action="store_true", help="print the campaign's curve and exit")
     args, extra = parser.parse_known_args()
+    extra = [a for a in extra if a != "--"]  # `... -- --seed 3`: the rest goes to train_drafter.py
     if args.leg_cpu_minutes <= 0:
         parser.error("--leg_cpu_minutes must be > 0")
     if not args.status:

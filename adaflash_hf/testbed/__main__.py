@@ -6,6 +6,8 @@ python -m adaflash_hf.testbed fetch
 # write a split to JSONL, e.g. the committed held-out file (12 eval prompts per domain)
 python -m adaflash_hf.testbed prompts --split eval --max-per-domain 12 \
     --out adaflash_hf/testbed/data/eval_prompts.jsonl
+# OnlineSpec's unseen-traffic stream: 200 text-to-SQL requests, then 50 held-out prompts of the 4 domains
+python -m adaflash_hf.testbed unseen-stream --out outputs/unseen_stream.jsonl
 ```
 """
 
@@ -48,6 +50,20 @@ def _prompts(args: argparse.Namespace) -> None:
     print(f"wrote {count} {args.split} prompts to {args.out}")
 
 
+def _unseen_stream(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from .unseen import unseen_stream
+
+    records = unseen_stream(args.unseen, args.known, seed=args.seed)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    print(f"wrote {args.unseen} text-to-SQL requests then {len(records) - args.unseen} held-out known-domain prompts "
+          f"to {args.out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m adaflash_hf.testbed``."""
     parser = argparse.ArgumentParser(prog="python -m adaflash_hf.testbed", description=__doc__.splitlines()[0])
@@ -63,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     prompts.add_argument("--domains", default=None, help=f"comma-separated subset of {','.join(DOMAINS)}")
     prompts.add_argument("--seed", type=int, default=0, help="order within each domain (default 0)")
     prompts.set_defaults(func=_prompts)
+    unseen = commands.add_parser("unseen-stream", help="text-to-SQL requests (a kind no drafter saw), then known ones")
+    unseen.add_argument("--out", required=True, help="output .jsonl file (for adaflash-hf bench-online --prompts)")
+    unseen.add_argument("--unseen", type=int, default=200, help="text-to-SQL requests first (default 200)")
+    unseen.add_argument("--known", type=int, default=50, help="held-out prompts of the 4 domains after (default 50)")
+    unseen.add_argument("--seed", type=int, default=0)
+    unseen.set_defaults(func=_unseen_stream)
     args = parser.parse_args(argv)
     try:
         args.func(args)

@@ -18,6 +18,7 @@ EXTRAS = {
     "peft": "online",
     "matplotlib": "bench",
     "gguf": "testbed",
+    "faker": "testbed",
 }
 
 

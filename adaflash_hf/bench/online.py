@@ -6,7 +6,8 @@
 
 The stream is served in its order through plain `target.generate(assistant_model=drafter)`, one request after the
 other; every algorithm serves the same stream starting from the same drafter, and an online adapter keeps learning
-across requests. By default the stream is `shift_stream()`: held-out testbed prompts (never trained on), in blocks
+across requests. The algorithms (and plain greedy) take turns request by request (`_serve_interleaved`), so their
+tokens/s ratios are measured side by side even on a shared machine. By default the stream is `shift_stream()`: held-out testbed prompts (never trained on), in blocks
 of one domain after another (prose -> code -> chat -> math, repeated), so the traffic shifts. By default every round
 drafts (`--hybrid` keeps the default path's lookup and plain rounds), so tau measures the drafter alone.
 
@@ -58,22 +59,31 @@ def online_config(algorithm: str, learning_rate: float | None = None, **override
 
 
 @torch.no_grad()  # not inference_mode: the online adapter trains inside generate
-def _serve(target, tokenizer, drafter, records, max_new_tokens, desc, progress):
-    """Serve `records` in order; returns per-request outputs, seconds and drafter-round statistics."""
-    rows = []
-    for record in tqdm(records, desc=desc, disable=not progress, unit="request"):
-        ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])], device=target.device)
-        kwargs = {"assistant_model": drafter, "return_dict_in_generate": True} if drafter is not None else {}
-        synchronize(target.device)
-        start = time.perf_counter()
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                              do_sample=False, **kwargs)
-        synchronize(target.device)
-        seconds = time.perf_counter() - start
-        stats, out = (out.speculation_stats, out.sequences) if drafter is not None else (None, out)
-        rows.append({"output": out.cpu(), "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
-                     "accepted": list(stats.accepted) if stats else [], "domain": record["domain"],
-                     "proposers": list(stats.proposers) if stats else []})
+def _serve_one(target, tokenizer, drafter, record, max_new_tokens) -> dict:
+    """Serve one request (plain greedy when `drafter` is None): its output, seconds and drafter-round statistics."""
+    ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])], device=target.device)
+    kwargs = {"assistant_model": drafter, "return_dict_in_generate": True} if drafter is not None else {}
+    synchronize(target.device)
+    start = time.perf_counter()
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                          do_sample=False, **kwargs)
+    synchronize(target.device)
+    seconds = time.perf_counter() - start
+    stats, out = (out.speculation_stats, out.sequences) if drafter is not None else (None, out)
+    return {"output": out.cpu(), "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
+            "accepted": list(stats.accepted) if stats else [], "domain": record["domain"],
+            "proposers": list(stats.proposers) if stats else []}
+
+
+def _serve_interleaved(target, tokenizer, drafters: dict, records, max_new_tokens, progress) -> dict[str, list]:
+    """Serve every request with every drafter in `drafters` (name -> drafter or None for plain greedy) before the
+    next request, rotating which goes first: each server keeps its own state over the stream, and load from other
+    processes on a shared machine falls on all of them alike (the ratios are measured side by side)."""
+    names = list(drafters)
+    rows = {name: [] for name in names}
+    for i, record in enumerate(tqdm(records, desc=f"serving x{len(names)}", disable=not progress, unit="request")):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            rows[name].append(_serve_one(target, tokenizer, drafters[name], record, max_new_tokens))
     return rows
 
 
@@ -86,6 +96,26 @@ def _windows(rows: list[dict], size: int) -> list[dict]:
         out.append({"requests": [start, start + len(chunk)], "domain": chunk[0]["domain"],
                     "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
                     "tokens_per_s": sum(r["new_tokens"] for r in chunk) / sum(r["seconds"] for r in chunk)})
+    return out
+
+
+def _pooled(rows: list[dict]) -> dict:
+    """tau (pooled over rounds) and tokens/s of some served requests."""
+    accepted = [a for r in rows for a in r["accepted"]]
+    return {"requests": len(rows), "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+            "tokens_per_s": sum(r["new_tokens"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-9)}
+
+
+def _segments(rows: list[dict], tail: int = 100) -> list[dict]:
+    """One entry per contiguous run of one domain (a stream of 200 unseen requests then 50 known ones has two):
+    tau and tokens/s over the whole run and over its last `tail` requests."""
+    out, start = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i]["domain"] != rows[start]["domain"]:
+            chunk = rows[start:i]
+            out.append({"domain": chunk[0]["domain"], "span": [start, i], **_pooled(chunk),
+                        "last": {"tail": min(tail, len(chunk)), **_pooled(chunk[-tail:])}})
+            start = i
     return out
 
 
@@ -105,25 +135,27 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
     max_new_tokens = max_new_tokens or (32 if quick else 64)
     hindsight_epochs = hindsight_epochs or (1 if quick else 2)
     window = window or max(1, len(records) // 10)
-    torch.manual_seed(seed)
-    plain = _serve(target, tokenizer, None, records, max_new_tokens, "plain", progress)
-    plain_rate = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
-    result = {"stream": {"domains": list(dict.fromkeys(r["domain"] for r in records)), "requests": len(records),
-                         "order": [r["domain"] for r in records], "max_new_tokens": max_new_tokens, "seed": seed,
-                         "update_mode": update_mode, "path": "hybrid" if hybrid else "drafter every round"},
-              "plain_tokens_per_s": plain_rate, "algorithms": {}}
     base = copy.deepcopy(drafter)
     base.runtime = None  # each algorithm starts from a fresh runtime
     if not hybrid:
         base.generation_config = run_knobs(drafter, **DRAFTER_ONLY)
+    drafters, adapters = {"plain": None}, {}
     for algorithm in algorithms:
         torch.manual_seed(seed)
-        served = copy.deepcopy(base)
-        adapter = None
+        drafters[algorithm] = copy.deepcopy(base)
         if algorithm != "static":
-            adapter = OnlineSpecAdapter.attach(served, online_config(
+            adapters[algorithm] = OnlineSpecAdapter.attach(drafters[algorithm], online_config(
                 algorithm, learning_rate, record_stream=True, seed=seed, update_mode=update_mode))
-        rows = _serve(target, tokenizer, served, records, max_new_tokens, algorithm, progress)
+    served = _serve_interleaved(target, tokenizer, drafters, records, max_new_tokens, progress)
+    plain = served["plain"]
+    plain_rate = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
+    result = {"stream": {"domains": list(dict.fromkeys(r["domain"] for r in records)), "requests": len(records),
+                         "order": [r["domain"] for r in records], "max_new_tokens": max_new_tokens, "seed": seed,
+                         "update_mode": update_mode, "path": "hybrid" if hybrid else "drafter every round",
+                         "served": "interleaved: every request by every algorithm (and plain) in rotating order"},
+              "plain_tokens_per_s": plain_rate, "algorithms": {}}
+    for algorithm in algorithms:
+        rows, adapter = served[algorithm], adapters.get(algorithm)
         if adapter is not None:
             adapter.finish()
         accepted = [a for r in rows for a in r["accepted"]]
@@ -133,6 +165,9 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
             "tokens_per_s": sum(r["new_tokens"] for r in rows) / seconds,
             "over_time": _windows(rows, window),
             "tau_over_time": [(sum(r["accepted"]) / len(r["accepted"]) + 1) if r["accepted"] else 0.0 for r in rows],
+            "segments": _segments(rows),
+            "per_request": [{"rounds": len(r["accepted"]), "accepted": sum(r["accepted"]),
+                             "new_tokens": r["new_tokens"], "seconds": r["seconds"]} for r in rows],
             "domains_over_time": [r["domain"] for r in rows],
             "identical": sum(torch.equal(r["output"], p["output"]) for r, p in zip(rows, plain)),
             "total": len(rows), "rounds": len(accepted),
@@ -162,6 +197,10 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
         for entry in result["algorithms"].values():
             entry["tau_vs_static"] = entry["tau"] / max(static["tau"], 1e-9)
             entry["speed_vs_static"] = entry["tokens_per_s"] / max(static["tokens_per_s"], 1e-9)
+            for seg, ref in zip(entry["segments"], static["segments"]):
+                for part, base in ((seg, ref), (seg["last"], ref["last"])):
+                    part["tau_vs_static"] = part["tau"] / max(base["tau"], 1e-9)
+                    part["speed_vs_static"] = part["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)
     return result
 
 
@@ -178,6 +217,13 @@ def print_online(result: dict) -> None:
         print(f"{name:<12}{e['tau']:>7.3f}{e.get('tau_vs_static', 1.0):>9.2f}x{e['tokens_per_s']:>8.1f}"
               f"{e.get('speed_vs_static', 1.0):>9.2f}x{fmt(learn.get('total')):>13}{fmt(learn.get('critical_path')):>11}"
               f"{fmt(e['regret']):>9}{e['identical']:>7}/{e['total']}")
+    print("per contiguous block of one domain (whole block | its last 100 requests), vs static:")
+    for name, e in result["algorithms"].items():
+        parts = [f"{s['domain']} {s['span'][0]}-{s['span'][1]}: tau {s['tau']:.3f} ({s.get('tau_vs_static', 1):.2f}x) "
+                 f"{s['tokens_per_s']:.1f} tok/s ({s.get('speed_vs_static', 1):.2f}x) | last {s['last']['tail']}: "
+                 f"tau {s['last'].get('tau_vs_static', 1):.2f}x tok/s {s['last'].get('speed_vs_static', 1):.2f}x"
+                 for s in e.get("segments", [])]
+        print(f"  {name:<11}" + "\n             ".join(parts))
 
 
 def plot_online(result: dict, path) -> None:
@@ -228,6 +274,8 @@ def add_parser(sub) -> None:
                    help="times the default stream goes through the domains (default 2)")
     p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=None)
     p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--window", type=positive_int("--window"), default=None,
+                   help="requests per window of the over-time table and plot (default: a tenth of the stream)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the models run (auto: the accelerator when there is one, else the CPU)")
@@ -245,7 +293,7 @@ def main(args) -> dict:
     result = run_online_bench(target, tokenizer, drafter, args.algorithms.split(","), records=records,
                               quick=args.quick, seed=args.seed, per_block=args.per_block, cycles=args.cycles,
                               max_new_tokens=args.max_new_tokens, learning_rate=args.learning_rate,
-                              update_mode=args.update_mode, hybrid=args.hybrid)
+                              update_mode=args.update_mode, hybrid=args.hybrid, window=args.window)
     result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                         "prompts": str(args.prompts or "shift_stream()")}
     print_online(result)

@@ -14,6 +14,7 @@ from adaflash_hf.generation.batch import (
 )
 from adaflash_hf.generation.cost_model import TargetCostModel, verify_lengths
 from adaflash_hf.generation.policy import ProposalPolicy
+from adaflash_hf.generation.proposers import BlockDraftProposer
 from adaflash_hf.generation.ragged_cache import RaggedCache
 from adaflash_hf.models.length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 
@@ -313,22 +314,23 @@ class _ScriptedPolicy(ProposalPolicy):
         return "draft" if self.round % 3 == 1 else "plain"
 
 
-def test_plain_rounds_keep_the_drafter_context():
+def test_plain_rounds_keep_the_drafter_context(monkeypatch):
     """After plain rounds the drafter sees the skipped context: its block equals that of an always-drafting run."""
     target = make_tiny_target(seed=14)
     prompts = _prompts(4, seed=14)
+    forward = BlockDraftProposer.forward
 
     def blocks(runtime):
         runner = AdaFlashBatchGenerator(target, _random_drafter(target, block_size=4, seed=3), runtime=runtime)
-        seen, forward = {}, runner._drafter_forward
+        seen = {}
 
-        def recording(batch):
+        def recording(self, batch):
             anchors = list(zip(batch.prompt_idx, batch.next_pos.tolist()))
-            queries, states = forward(batch)
+            queries, states = forward(self, batch)
             seen.update({key: states[r] for r, key in enumerate(anchors)})
             return queries, states
 
-        runner._drafter_forward = recording
+        monkeypatch.setattr(BlockDraftProposer, "forward", recording)
         out, stats = runner.generate(prompts, 16, return_stats=True)
         return out, stats, seen
 

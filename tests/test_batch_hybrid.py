@@ -9,6 +9,7 @@ from adaflash_hf.generation import SpeculationRuntime
 from adaflash_hf.generation.batch import AdaFlashBatchGenerator, generate_batch, rejection_sample
 from adaflash_hf.generation.lookup import BatchLookup
 from adaflash_hf.generation.policy import ProposalPolicy
+from adaflash_hf.generation.proposers import BlockDraftProposer
 from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig
 
 from .conftest import VOCAB, build_drafter, make_tiny_target
@@ -189,14 +190,14 @@ def test_online_feedback_replays_each_rows_batched_draft(monkeypatch):
     monkeypatch.setattr(adapter, "observe", lambda fb, lm_head: feedbacks.append(fb))
     prompts = _mixed_prompts(6, seed=24)
     runner = AdaFlashBatchGenerator(target, drafter)
-    drafted, forward = [], runner._drafter_forward
+    drafted, forward = [], BlockDraftProposer.forward
 
-    def recording(batch):
-        queries, states = forward(batch)
+    def recording(self, batch):
+        queries, states = forward(self, batch)
         drafted.extend((i, int(pos), states[r]) for r, (i, pos) in enumerate(zip(batch.prompt_idx, batch.next_pos)))
         return queries, states
 
-    runner._drafter_forward = recording
+    monkeypatch.setattr(BlockDraftProposer, "forward", recording)
     max_new = 18
     out, stats = runner.generate(prompts, max_new, return_stats=True)
     references = [p + _reference(target, p, max_new + 4) for p in prompts]

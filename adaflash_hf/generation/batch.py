@@ -6,16 +6,18 @@ the same with `target.generate`'s tensor interface (left-padded `input_ids [b, T
 `AdaFlashBatchGenerator` is the engine behind both; the state of one run is a `BatchRun`, the active rows a
 `BatchState` (`batch_state.py`) over two `RaggedCache`s (`ragged_cache.py`).
 
-A round, for all active rows at once, in named steps (`_round`):
+A round, for all active rows at once, in named steps (`_round`); proposing is the proposers' job
+(`proposers.py`: `propose(DraftRows) -> Proposals`, the bs=1 generator's too):
 
-1. `_choose_arm`: each row's n-gram lookup continuation (hybrid, `lookup.py`), then the `ProposalPolicy` (the same
-   one the bs=1 generator uses) picks the round's arm: `"draft"`, `"lookup"` or `"plain"`, by expected committed
-   tokens per second from counts and the device-calibrated cost model.
-2. `_draft` ("draft" arm): ONE drafter forward drafts a block per row (queries `[anchor, mask x (B-1)]`, keys/values
-   = the drafter's cached context + the rows' new context + the block); the `LengthChooser` (same as bs=1) picks the
-   verify lengths (whole block, length head + cost model, confidence or heuristic), a non-finite drafted position
-   ends its row's draft; rows whose lookup continuation promises more verify it instead (cut to the round's width).
-   "lookup" arm: no drafter forward, rows with a match verify their continuation. "plain": no proposals.
+1. `_choose_arm`: each row's n-gram lookup continuation (hybrid, `LookupProposer`), then the `ProposalPolicy` (the
+   same one the bs=1 generator uses) picks the round's arm: `"draft"`, `"lookup"` or `"plain"`, by expected
+   committed tokens per second from counts and the device-calibrated cost model.
+2. propose. "draft": the `BlockDraftProposer`'s ONE drafter forward drafts a block per row (queries `[anchor, mask x
+   (B-1)]`, keys/values = the drafter's cached context + the rows' new context + the block); the `LengthChooser`
+   (same as bs=1) picks the verify lengths (whole block, length head + cost model, confidence or heuristic), a
+   non-finite drafted position ends its row's draft; rows whose lookup continuation promises more verify it instead
+   (`swap_in_lookup`, cut to the round's width). "lookup": no drafter forward, rows with a match verify their
+   continuation. "plain": `NoDraftProposer`, no proposals.
 3. `_verify`: ONE target forward over `[anchor, d_1 .. d_L]` for every row (padded, padding masked), with
    `output_hidden_states` at `target_layer_ids + 1`.
 4. accept (`SpeculativeSampler.accept`, `sampler.py`, the bs=1 engine's rule too): each row accepts its own prefix:
@@ -48,11 +50,12 @@ from transformers.cache_utils import DFlashCache
 
 from .cost_model import cost_model_for, synchronize
 from .dispatch import check_pair
-from .drafting import LengthChooser, draft_logits, noise_embeds
+from .drafting import LengthChooser
 from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
+from .proposers import BlockDraftProposer, DraftRows, LookupProposer, NoDraftProposer, Proposals, swap_in_lookup
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
 from .sampler import SpeculativeSampler, rejection_sample
 from .stats import BatchStats
@@ -71,6 +74,8 @@ class BatchRun:
     lookup: BatchLookup | None = None
     cost: object | None = None
     policy: object | None = None  # the run's ProposalPolicy (`SpeculationRuntime.policy_for_call`)
+    drafting: BlockDraftProposer | None = None  # the run's proposers (`proposers.py`)
+    looking_up: LookupProposer | None = None
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
     start: float = 0.0  # perf_counter at the start of the run; token times are relative to it
@@ -79,20 +84,6 @@ class BatchRun:
 
     def remaining(self, prompt_idx: list[int]) -> list[int]:
         return [self.max_new - len(self.outputs[i]) for i in prompt_idx]
-
-
-@dataclass
-class Proposals:
-    """What a round verifies: `drafts [b, m]`, `lengths [b]` (per row, `<= m`), the rows' sources, and for sampling
-    the drafter's `q [b, m, V]` and which rows hold deterministic (lookup) drafts."""
-
-    arm: str
-    drafts: torch.Tensor
-    lengths: torch.Tensor
-    sources: list[str]
-    q: torch.Tensor | None = None
-    one_hot: torch.Tensor | None = None
-    noise: torch.Tensor | None = None  # the block queries of the drafting forward (OnlineSpec feedback)
 
 
 class AdaFlashBatchGenerator:
@@ -199,6 +190,8 @@ class AdaFlashBatchGenerator:
             run.cost = lengths.cost = cost_model_for(self.target, self.drafter, batch_sizes=(1, cap),
                                                      candidate=runtime.cost_model)
         run.lengths = lengths
+        run.drafting = BlockDraftProposer(self.drafter, self.embeddings, self.lm_head, run.sampler, lengths, run.cost)
+        run.looking_up = LookupProposer(run.lookup) if run.lookup is not None else None
 
     def _loop(self, run: BatchRun, cap: int, continuous: bool) -> None:
         waiting = deque(range(len(run.prompts)))
@@ -274,103 +267,40 @@ class AdaFlashBatchGenerator:
         t0 = self._clock()
         budgets = [max(0, min(self.max_drafts, r - 1)) for r in run.remaining(batch.prompt_idx)] \
             if self.drafter is not None else [0] * batch.size
-        arm, lookups = self._choose_arm(run, batch, budgets)
+        rows = DraftRows(batch, budgets, batch.prompt_idx, self._sequences(run, batch.prompt_idx))
+        arm, lookup = self._choose_arm(run, rows)
         t1 = self._clock()
         run.stats.seconds["lookup"] += t1 - t0
         if arm == "draft":
-            proposals = self._draft(run, batch, budgets, lookups)
+            proposals = swap_in_lookup(run.drafting.propose(rows), lookup, run.policy, batch.prompt_idx)
         elif arm == "lookup":
             run.stats.lookup_rounds += 1
-            drafts, lengths = lookups
-            width = int(lengths.max())
-            proposals = Proposals(arm, drafts[:, :width], lengths, ["lookup" if n else "none" for n in lengths.tolist()])
+            proposals = lookup
         else:
             run.stats.plain_rounds += 1
-            proposals = Proposals(arm, torch.zeros(batch.size, 0, dtype=torch.long, device=self.device),
-                                  torch.zeros(batch.size, dtype=torch.long, device=self.device),
-                                  ["none"] * batch.size)
+            proposals = NoDraftProposer(self.device).propose(rows)
         t2 = self._clock()
         run.stats.seconds["draft"] += t2 - t1
         out = self._verify(batch, proposals)
         t3 = self._clock()
         run.stats.seconds["verify"] += t3 - t2
         accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
-                                                proposals.one_hot, self._sequences(run, batch.prompt_idx))
+                                                proposals.one_hot, rows.sequences)
         run.now = self._clock() - run.start  # the round's tokens are available from here on
         self._advance(run, batch, out, proposals, accepted, next_tok)
         run.stats.seconds["accept"] += self._clock() - t3
 
-    def _choose_arm(self, run: BatchRun, batch: BatchState, budgets: list[int]):
-        """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation
-        (`(proposals [b, k], lengths [b])`, or None without hybrid lookup)."""
-        if self.drafter is None or max(budgets) <= 0:
+    def _choose_arm(self, run: BatchRun, rows: DraftRows) -> tuple[str, Proposals | None]:
+        """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation (None without
+        hybrid lookup)."""
+        if self.drafter is None or max(rows.budgets) <= 0:
             return "plain", None
-        lookups, lookup_lens = None, [0] * batch.size
-        if run.lookup is not None:
-            lookups = run.lookup.propose(batch.prompt_tensor, torch.tensor(budgets, device=self.device))
-            lookup_lens = lookups[1].tolist()
-        arm = run.policy.choose(batch.prompt_idx, lookup_lens, budgets, run.cost,
+        lookup = run.looking_up.propose(rows) if run.looking_up is not None else None
+        lookup_lens = lookup.lengths_list() if lookup is not None else [0] * rows.size
+        arm = run.policy.choose(rows.keys, lookup_lens, rows.budgets, run.cost,
                                 allow_no_draft=self.knobs.allow_no_draft,
                                 explore_every=LEARNING_EXPLORE if self.online is not None else None)
-        return arm, lookups
-
-    def _draft(self, run: BatchRun, batch: BatchState, budgets: list[int], lookups) -> Proposals:
-        """One drafter forward, verify lengths, drafted tokens; rows that prefer their lookup continuation swap it in."""
-        budget = torch.tensor(budgets, device=self.device)
-        noise = self._drafter_forward(batch)
-        states = noise[1][:, 1 : 1 + int(budget.max())]  # [b, n, H] drafted positions
-        logits, vocab_ids = draft_logits(self.drafter, states, self.lm_head)  # [b, n, V or K]
-        logits = logits.to(self.device)
-        fixed = run.cost.draft_seconds(batch.size) if run.cost is not None else 0.0
-        lengths, _ = run.lengths(states, logits, budget, fixed)
-        drafts, q, usable = run.sampler.draft(logits, vocab_ids, self.vocab_size,
-                                              self._sequences(run, batch.prompt_idx))
-        lengths = torch.minimum(lengths.to(self.device), usable.to(self.device))  # non-finite: the draft ends there
-        m = int(lengths.max()) if lengths.numel() else 0
-        drafts, q = drafts[:, :m], (None if q is None else q[:, :m])
-        sources = ["drafter" if n else "none" for n in lengths.tolist()]
-        one_hot = None
-        if lookups is not None and m > 0 and int(lookups[1].max()) > 0:
-            cut = lookups[1].clamp(max=m)
-            swap = [run.policy.row_source(i, k, n) == "lookup"
-                    for i, k, n in zip(batch.prompt_idx, cut.tolist(), lengths.tolist())]
-            if any(swap):
-                one_hot = torch.tensor(swap, dtype=torch.bool, device=self.device)
-                props = lookups[0][:, :m]
-                if props.shape[1] < m:
-                    props = torch.nn.functional.pad(props, (0, m - props.shape[1]))
-                drafts = torch.where(one_hot[:, None], props, drafts)
-                lengths = torch.where(one_hot, cut, lengths)
-                sources = ["lookup" if use else s for use, s in zip(swap, sources)]
-        return Proposals("draft", drafts, lengths, sources, q, one_hot, noise[0])
-
-    def _drafter_forward(self, batch: BatchState) -> tuple[torch.Tensor, torch.Tensor]:
-        """One drafter forward for every row; consumes the pending context. Returns `(queries, states)`, both
-        `[b, B, H]`."""
-        dev, dtype, block = self.drafter_param.device, self.drafter_param.dtype, self.block_size
-        b = batch.size
-        ctx, ctx_mask, ctx_pos = batch.ctx, batch.ctx_mask, batch.ctx_pos
-        batch.ctx = batch.ctx_mask = batch.ctx_pos = None
-        if ctx is None:
-            ctx = torch.zeros(b, 0, len(self.layer_ids) * self.embeddings.weight.shape[1], dtype=dtype, device=dev)
-            ctx_mask = torch.zeros(b, 0, dtype=torch.bool, device=dev)
-            ctx_pos = torch.zeros(b, 0, dtype=torch.long, device=dev)
-        ctx_mask = ctx_mask.to(dev)
-        noise_ids = torch.full((b, block), int(self.drafter.config.mask_token_id), dtype=torch.long, device=self.device)
-        noise_ids[:, 0] = batch.last_tok
-        queries = noise_embeds(self.embeddings, noise_ids).to(device=dev, dtype=dtype)
-        position_ids = torch.cat(
-            [ctx_pos.to(dev), batch.next_pos.to(dev)[:, None] + torch.arange(block, device=dev)], dim=1
-        )
-        attention_mask = batch.drafter.attention_mask(
-            torch.cat([ctx_mask, torch.ones(b, block, dtype=torch.bool, device=dev)], dim=1)
-        )
-        context = ctx.to(device=dev, dtype=dtype).masked_fill(~ctx_mask[..., None], 0.0) if ctx.shape[1] else None
-        out = self.drafter(noise_embeds=queries, context_hidden_states=context, attention_mask=attention_mask,
-                           position_ids=position_ids, cache=batch.drafter.cache)
-        batch.drafter.crop(block)  # the block's keys/values: only the context stays cached
-        batch.drafter.append(ctx_mask)
-        return queries, out.last_hidden_state
+        return arm, lookup
 
     def _verify(self, batch: BatchState, proposals: Proposals):
         """ONE target forward over `[anchor, drafts]` for every row, padding masked; `logits [b, m + 1, V]`."""
@@ -389,7 +319,7 @@ class AdaFlashBatchGenerator:
         m = proposals.drafts.shape[1]
         j = torch.arange(m + 1, device=self.device)
         batch.target.append(j[None, :] <= accepted[:, None])
-        accepted_l, lengths_l = accepted.tolist(), proposals.lengths.tolist()
+        accepted_l, lengths_l = accepted.tolist(), proposals.lengths_list()
         if self.drafter is not None:
             if proposals.arm != "plain":
                 run.policy.record(batch.prompt_idx, proposals.sources, accepted_l, lengths_l)

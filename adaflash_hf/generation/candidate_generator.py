@@ -3,12 +3,15 @@
 
 It subclasses transformers' `DFlashTokenCandidateGenerator` and keeps its contract with `_assisted_decoding`
 (the target's hidden states at `target_layer_ids` come back in `model_outputs`; the drafter's `DFlashCache` holds
-the projected context; the block's cache entries are cropped every round). On top it:
+the projected context). It is a thin one-row adapter over the batched engine's core: the row's drafter side is a
+1-row `BatchState`, and drafting is the engines' one `proposers.BlockDraftProposer` (the same forward, cache crop,
+verify lengths and drafted tokens as `generate_batch`). On top it:
 
 * reads its knobs from the drafter's `generation_config` (`AdaFlashGenerationConfig`) and its runtime components
   (length head, cost model, online adapter, proposal policy) from the drafter's `SpeculationRuntime`;
-* chooses each round's proposal (drafter block, n-gram lookup, or none) and verify length with the same
-  `ProposalPolicy` / `LengthChooser` as the batched engine, called with one row;
+* chooses each round's proposal (drafter block, n-gram lookup through transformers' own
+  `PromptLookupCandidateGenerator`, or none) and verify length with the same `ProposalPolicy` / `LengthChooser` as
+  the batched engine, called with one row;
 * never proposes past `max_length` (the native generator always proposes `block_size - 1` tokens);
 * runs a drafter whose dtype or device differs from the target's (e.g. a bf16 drafter beside an fp32 target);
 * treats non-finite drafted logits as rejected drafts (the draft ends before them), so a broken drafter cannot
@@ -21,7 +24,6 @@ rejection-sampling rule, the same as `sampler.rejection_sample`) to the candidat
 processed by the call's logits processors through `sampler.SpeculativeSampler`, the batched engine's sampler.
 """
 
-import contextlib
 import time
 from typing import Any
 
@@ -29,9 +31,12 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 
+from .batch_state import BatchState
 from .cost_model import cost_model_for
+from .drafting import LengthChooser
 from .policy import LEARNING_EXPLORE
-from .drafting import LengthChooser, draft_logits, finite_prefix, to_full_vocab
+from .proposers import BlockDraftProposer, DraftRows, Proposals
+from .ragged_cache import RaggedCache
 from .runtime import generation_config_of, runtime_of
 from .sampler import SpeculativeSampler
 from .stats import SpeculationStats
@@ -78,14 +83,18 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
                                      knobs.assistant_confidence_threshold)
         if self.lengths.uses_head:
             self.lengths.cost = self.cost_model()
+        # The engines' one drafting implementation, for this one row (`proposers.py`).
+        self.proposer = BlockDraftProposer(assistant_model, main_model_input_embeddings, main_model_output_embeddings,
+                                           SpeculativeSampler(logits_processor, self.do_sample), self.lengths,
+                                           cost=self.lengths.cost, return_logits=self.needs_logits)
         self.online = runtime.online_adapter  # OnlineSpec: learns from the served request, or from every round
         self.learn_rounds = self.online is not None and not self.online.learns_from_sequences
         self._sequence: list[torch.Tensor] = []  # every context chunk of the request (sequence learning)
         self._input_ids: torch.Tensor | None = None  # the sequence after the last verification
         self._prompt_len: int | None = None
         self._last: tuple[str, int] | None = None  # (source, drafted tokens) of the round being verified
-        self._pending: list[torch.Tensor] = []  # target context not yet seen by the drafter
-        self._block_in_cache = False
+        # The row's drafter side: anchor and its position, the drafter's cache, target context not yet drafted on.
+        self._row: BatchState | None = None
         self._cur_len = 0
         self._window: torch.Tensor | None = None  # the last `context_window` context states, [1, W, F]
         self._online_round: tuple | None = None  # (noise_embeds, context window, position_ids[, logits]) of a draft
@@ -112,7 +121,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if is_first_iteration:  # the loop's first forward is the target's prefill
             self._prompt_len = input_ids.shape[1]
             return input_ids, None
-        self._collect_context(input_ids, model_outputs, n_last_matches)
+        self._collect_context(input_ids, model_kwargs, model_outputs, n_last_matches)
         if self._deferred is not None:  # logits processors were active: learn from the raw logits of last round
             round_data, n, accepted = self._deferred
             self._deferred = None
@@ -136,34 +145,18 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if arm == "plain":
             return self._propose(input_ids, None, "none", start)
 
-        # A single online adapter learns from this very forward: it is recorded with gradients (exact: the cached
-        # context keys/values do not depend on the adapter), so learning costs one backward and no replay.
-        learn = self.learn_rounds and self.online.learns_from_draft
-        with torch.enable_grad() if learn else contextlib.nullcontext():
-            states = self._draft_block(input_ids, model_kwargs)[:, 1 : 1 + budget]
-            logits, vocab_ids = draft_logits(self.assistant_model, states, self.main_model_output_embeddings)
-        if self._online_round is not None:
-            self._online_round = (*self._online_round, logits if logits.requires_grad else None)
-            logits, states = logits.detach(), states.detach()
-        fixed = self.cost_model().draft_seconds(1) if self.lengths.uses_head else 0.0
-        lengths, survival = self.lengths(states, logits, torch.tensor([budget]), fixed)
-        if survival is not None:
-            self.stats.survival.append(survival[0].tolist())
-        keep = min(int(lengths[0]), int(finite_prefix(logits)[0]))  # a non-finite position ends the draft
+        proposals = self._draft(input_ids, budget)
+        if proposals.survival is not None:
+            self.stats.survival.append(proposals.survival[0].tolist())
+        keep = proposals.lengths_list()[0]  # a non-finite position has already ended the draft
         if lookup_len and self.policy.row_source(0, lookup_len, keep) == "lookup":
             return self._propose(lookup_ids, None, "lookup", start)
         if keep == 0:
             return self._propose(input_ids, None, "none", start)
-        logits = logits[:, :keep]
-        if self.needs_logits:
-            full = to_full_vocab(logits, vocab_ids, self.vocab_size, float("-inf"))
-            candidate_ids, candidate_logits = self._select_tokens(input_ids, full.to(input_ids.device))
-        else:  # greedy: the loop never reads draft logits, so skip building them
-            new_ids = logits.argmax(dim=-1)
-            if vocab_ids is not None:
-                new_ids = vocab_ids.to(new_ids.device)[new_ids]
-            candidate_ids, candidate_logits = torch.cat([input_ids, new_ids.to(input_ids.device)], dim=-1), None
-        return self._propose(candidate_ids, candidate_logits, "drafter", start)
+        candidate_ids = torch.cat([input_ids, proposals.drafts.to(input_ids.device)], dim=-1)
+        # Processed draft logits only when the loop reads them (sampling, processors); plain greedy needs none.
+        logits = None if proposals.logits is None else proposals.logits.to(input_ids.device)
+        return self._propose(candidate_ids, logits, "drafter", start)
 
     def _propose(self, candidate_ids, candidate_logits, source: str, start: float):
         """Book-keeping shared by every kind of round; returns what the loop expects."""
@@ -172,11 +165,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.proposers.append(source)
         return candidate_ids, candidate_logits
 
-    def _collect_context(self, input_ids, model_outputs, n_last_matches) -> None:
-        """Keep the target's hidden states of the tokens it processed last round and kept.
+    def _collect_context(self, input_ids, model_kwargs, model_outputs, n_last_matches) -> None:
+        """Keep the target's hidden states of the tokens it processed last round and kept, with their positions.
 
-        They wait in `self._pending` until the drafter next runs (rounds that verify a lookup proposal, or no
-        proposal, skip the drafter entirely).
+        They wait in the row's pending context until the drafter next runs (rounds that verify a lookup proposal,
+        or no proposal, skip the drafter entirely).
         """
         self._cur_len = input_ids.shape[1]
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
@@ -184,59 +177,38 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         num_new = input_ids.shape[1] - 1 if self.is_main_model_prefill else n_last_matches + 1
         self.is_main_model_prefill = False
         context = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in self.target_layer_ids], dim=-1)
-        self._pending.append(context.to(device=self.device, dtype=self.drafter_dtype))
-        if self.online is not None and not self.learn_rounds:
-            self._sequence.append(self._pending[-1])
-        elif self.online is not None:
-            window = self._pending[-1] if self._window is None else torch.cat([self._window, self._pending[-1]], 1)
-            self._window = window[:, -self.online.config.context_window :]
-
-    def _draft_block(self, input_ids, model_kwargs) -> torch.Tensor:
-        """One drafter forward over the pending context + the block. Returns `[1, block_size, hidden]` states."""
-        context = torch.cat(self._pending, dim=1) if len(self._pending) > 1 else self._pending[0]
-        self._pending = []
-        num_new = context.shape[1]  # the drafter's forward tells its DFlashCache how many context tokens come
-        if self._block_in_cache:
-            self.cache.crop(-self.block_size)  # drop the last drafted block's entries, keep the context
-
+        context = context.to(device=self.device, dtype=self.drafter_dtype)
         position_ids = model_kwargs.get("position_ids")
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1] - 1, device=input_ids.device)[None]
         else:
             position_ids = position_ids[:, :-1]  # the loop has already appended the anchor's position
-        last = position_ids[:, -1:]
-        position_ids = torch.cat(
-            [position_ids[:, -num_new:], last + 1 + torch.arange(self.block_size, device=last.device)], dim=-1
-        )
         attention_mask = model_kwargs.get("attention_mask")
-        if attention_mask is not None:
-            attention_mask = torch.cat([attention_mask[:, :-1], attention_mask.new_ones(1, self.block_size)], dim=-1)
-            attention_mask = attention_mask.to(self.device)
+        valid = torch.ones_like(position_ids, dtype=torch.bool) if attention_mask is None else attention_mask[:, :-1]
+        if self._row is None:
+            cache = RaggedCache(self.cache, torch.zeros(1, 0, dtype=torch.bool, device=self.device))
+            self._row = BatchState([0], input_ids[:, -1], position_ids[:, -1] + 1, None, cache)
+        self._row.add_context(context, valid[:, -num_new:].bool(), position_ids[:, -num_new:])
+        self._row.last_tok, self._row.next_pos = input_ids[:, -1], position_ids[:, -1] + 1
+        if self.online is not None and not self.learn_rounds:
+            self._sequence.append(context)
+        elif self.online is not None:
+            window = context if self._window is None else torch.cat([self._window, context], 1)
+            self._window = window[:, -self.online.config.context_window :]
 
-        noise_ids = torch.cat([input_ids[:, -1:], self.noise_ids_mask.to(input_ids.device)], dim=-1)
-        noise_embeds = self._get_noise_embeds(noise_ids).to(device=self.device, dtype=self.drafter_dtype)
-        outputs = self.assistant_model(noise_embeds=noise_embeds, context_hidden_states=context,
-                                       position_ids=position_ids.to(self.device), attention_mask=attention_mask,
-                                       cache=self.cache)
-        self._block_in_cache = True
-        if self.learn_rounds:  # what the learner needs to replay this draft with gradients
-            window = self._window
-            positions = torch.cat([last - window.shape[1] + 1 + torch.arange(window.shape[1], device=last.device),
-                                   position_ids[:, -self.block_size :]], dim=-1)
-            self._online_round = (noise_embeds, window, positions.to(self.device))
-            if torch.is_grad_enabled():  # the block's entries carry autograd history: keep it out of the cache
-                for layer in self.cache.layers:
-                    layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
-        return outputs.last_hidden_state
+    def _draft(self, input_ids, budget: int) -> Proposals:
+        """The row's block through the engines' one `BlockDraftProposer` (consumes the pending context).
 
-    def _select_tokens(self, input_ids, candidate_logits):
-        """Pick the candidate tokens from drafted logits `[1, n, vocab]` with the engines' one sampler: each position
-        processed by this call's logits processors with the sequence plain decoding would have there, then argmax
-        or sampled. Returns `(input_ids + candidates, processed logits)`: `_assisted_decoding` hands the processed
-        logits to `_speculative_sampling` beside the target's, processed by the same processors."""
-        sampler = SpeculativeSampler(self.logits_processor, self.do_sample)
-        ids, processed = sampler.draft_scores(candidate_logits, [input_ids[0]])
-        return torch.cat([input_ids, ids.to(input_ids.device)], dim=-1), processed
+        A single online adapter learns from this very forward: it is recorded with gradients (exact: the cached
+        context keys/values do not depend on the adapter), so learning costs one backward and no replay."""
+        proposals = self.proposer.propose(DraftRows(self._row, [budget], [0], [input_ids[0]]),
+                                          learn=self.learn_rounds and self.online.learns_from_draft)
+        if self.learn_rounds:  # what the learner needs to replay this draft
+            window, anchor = self._window, self._row.next_pos.to(self.device)[:, None]
+            positions = torch.cat([anchor - window.shape[1] + torch.arange(window.shape[1], device=self.device),
+                                   anchor + torch.arange(self.block_size, device=self.device)], dim=-1)
+            self._online_round = (proposals.noise, window, positions, proposals.raw_logits)
+        return proposals
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """Called by the loop after each verification with the number of accepted drafted tokens."""

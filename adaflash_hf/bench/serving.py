@@ -21,7 +21,9 @@ round are delivered together) as p50/p99, TPOT (a request's decode time per toke
 row per round) and verified tokens per committed token for our engine, and how many outputs equal plain bs=1 greedy
 `generate` (the lossless reference; fp32). With `--repeats`, methods are interleaved within each repeat and tokens/s
 is the median with its [min, max] spread. The JSON keeps `concurrency.{level}.{method}` = tokens/s and the detail
-beside it (`detail.{level}.{method}`); `peer` names the faster plain peer at each level.
+beside it (`detail.{level}.{method}`); `peer` names the faster plain peer at each level. Arrivals and token times
+are this driver's (`ArrivalSchedule`, the engine's `Admission`); `--profile` adds our engine's per-phase
+`ms_per_round` (it synchronizes the device at every phase, so leave it off when measuring tokens/s on an accelerator).
 
 `--cost-model FILE` (another device's `TargetCostModel`, e.g. `h200-smollm2-135m`): our engine decides with that
 device's costs, and a separate "projected" block gives the tokens/s the first repeat's forwards would reach there
@@ -58,6 +60,35 @@ class Served:
     arrival: float
     token_times: list[float]
     tokens: list[int]
+
+
+class ArrivalSchedule:
+    """A request stream for our engine (its `Admission`: `generate_batch(admission=...)`): request `r` may join once
+    `arrivals[r]` seconds have passed since the run's first admission decision; records when each of its tokens was
+    committed (`token_times[r]`, seconds from that start; the tokens of one round share their time)."""
+
+    def __init__(self, arrivals: list[float]):
+        if any(b < a for a, b in zip(arrivals, arrivals[1:])):
+            raise ValueError("arrivals must be nondecreasing (one time per request, in request order).")
+        self.arrivals = [float(a) for a in arrivals]
+        self.token_times: list[list[float]] = [[] for _ in arrivals]
+        self.start: float | None = None
+
+    def _now(self) -> float:
+        if self.start is None:
+            self.start = time.perf_counter()
+        return time.perf_counter() - self.start
+
+    def ready(self, i: int, idle: bool) -> bool:
+        """Whether request `i` has arrived; when the engine is idle, wait for it first."""
+        wait = self.arrivals[i] - self._now()
+        if wait > 0 and idle:
+            time.sleep(wait)
+            return True
+        return wait <= 0
+
+    def committed(self, i: int, count: int) -> None:
+        self.token_times[i].extend([self._now()] * count)
 
 
 def request_stream(n: int, num_prompts: int, rate: float | None = None, seed: int = 0) -> list[tuple[int, float]]:
@@ -113,8 +144,10 @@ def _engine_setup(drafter, method: str, head):
 
 
 def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[tuple[int, float]],
-          max_new_tokens: int, concurrency: int, pad_id: int, eos, head=None) -> tuple[list[Served], dict | None]:
-    """Serve `stream` (prompt index, arrival) with one method; returns the served requests and engine stats."""
+          max_new_tokens: int, concurrency: int, pad_id: int, eos, head=None,
+          profile: bool = False) -> tuple[list[Served], dict | None]:
+    """Serve `stream` (prompt index, arrival) with one method; returns the served requests and engine stats
+    (`ms_per_round` only with `profile`: per-phase timing synchronizes the device at every phase)."""
     ids = [prompts[i] for i, _ in stream]
     arrivals = [a for _, a in stream]
     if method in PEERS:
@@ -126,14 +159,15 @@ def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[t
         return [Served(stream[t.prompt_index][0], t.arrival, list(t.token_times), list(t.tokens))
                 for t in sorted(timings, key=lambda t: t.prompt_index)], None
     model, knobs, runtime = _engine_setup(drafter, method, head)
+    schedule = ArrivalSchedule(arrivals)
     rows, stats = generate_batch(target, model, ids, max_new_tokens, eos_token_id=eos, generation_config=knobs,
-                                 runtime=runtime, max_batch_size=concurrency, continuous=True, arrivals=arrivals,
-                                 return_stats=True)
-    served = [Served(i, a, stats.token_times[r], rows[r]) for r, (i, a) in enumerate(stream)]
+                                 runtime=runtime, max_batch_size=concurrency, continuous=True, admission=schedule,
+                                 profile=profile, return_stats=True)
+    served = [Served(i, a, schedule.token_times[r], rows[r]) for r, (i, a) in enumerate(stream)]
     detail = {"tau": stats.tau, "verified_per_committed": stats.tokens_verified / max(stats.tokens_committed, 1),
               "rounds": stats.rounds, "plain_rounds": stats.plain_rounds, "lookup_rounds": stats.lookup_rounds,
               "drafter_forwards": stats.drafter_forwards,
-              "ms_per_round": {k: round(v, 2) for k, v in stats.ms_per_round.items()}}
+              "ms_per_round": {k: round(v, 2) for k, v in stats.ms_per_round.items()} if profile else None}
     return served, detail
 
 
@@ -141,8 +175,9 @@ def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[t
 def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128), max_new_tokens: int = 64,
                 methods=METHODS, max_requests: int = 256, requests: int | None = None, rate: float | None = None,
                 repeats: int = 1, seed: int = 0, raw: bool = False, progress: bool = True,
-                cost_model_path=None) -> dict:
-    """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict."""
+                cost_model_path=None, profile: bool = False) -> dict:
+    """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict;
+    `profile`: our engine's per-phase `ms_per_round` (synchronizes the device at every phase of every round)."""
     from .models import apply_cost_model
     from .projection import ForwardProbe, cost_model_info, projected_seconds
 
@@ -187,7 +222,7 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
                 synchronize(target.device)
                 start = time.perf_counter()
                 served, detail = serve(method, target, drafter, prompts, stream, max_new_tokens, level, pad_id, eos,
-                                       head)
+                                       head, profile)
                 synchronize(target.device)
                 metrics = serving_metrics(served, time.perf_counter() - start)
                 if probe is not None and not runs[method]:
@@ -299,6 +334,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write tokens/s and ITL vs concurrency (PNG) here")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="time every phase of our engine's rounds (detail 'ms_per_round'); synchronizes the device at "
+                        "each phase, so tokens/s on an accelerator drop")
     p.add_argument("--cost-model", type=cost_model_file, default=None,
                    help="a cost model measured on another device (JSON file, or a shipped name such as "
                         "h200-smollm2-135m): our engine decides with its costs; a separate PROJECTED table (JSON "
@@ -321,7 +359,7 @@ def main(args) -> dict:
     result = run_serving(target, tokenizer, drafter, records, levels=levels, max_new_tokens=args.max_new_tokens,
                          methods=args.methods.split(","), max_requests=args.max_requests, requests=args.requests,
                          rate=args.rate, repeats=args.repeats, seed=args.seed, progress=not args.quiet,
-                         cost_model_path=args.cost_model)
+                         cost_model_path=args.cost_model, profile=args.profile)
     result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                         "drafter": str(args.drafter or "default"), "length_head": str(head) if head else None,
                         "prompts": str(args.prompts or "default_eval_prompts"), "n_prompts": len(records),
@@ -335,5 +373,5 @@ def main(args) -> dict:
     return result
 
 
-__all__ = ["METHODS", "Served", "add_parser", "main", "percentile", "plot_serving", "print_serving", "request_stream",
-           "run_serving", "serve", "serving_metrics"]
+__all__ = ["METHODS", "ArrivalSchedule", "Served", "add_parser", "main", "percentile", "plot_serving", "print_serving",
+           "request_stream", "run_serving", "serve", "serving_metrics"]

@@ -28,6 +28,10 @@ A round, for all active rows at once, in named steps (`_round`); proposing is th
 6. Finished rows (EOS or `max_new_tokens`) leave the batch (`_retire`); with `continuous=True` waiting prompts take
    the free slots: they are prefilled together in a separate target forward and merged into the batch.
 
+Serving simulation is not the engine's: a request stream's driver (`Admission`, e.g. the serving bench's arrival
+schedule) says when a waiting prompt may join and hears of committed tokens. The engine never sleeps, and reads the
+device only where it needs a value (accepted counts, committed tokens); per-phase timing (`profile=True`) is opt-in.
+
 Cache design (see `ragged_cache.py`): one transformers `DynamicCache` for the target and one `DFlashCache` for the
 drafter, each with a bool validity mask `[b, S]`. Slots that are not part of a row's sequence (prompt left padding,
 verify padding, rejected drafts, context padding) stay in the cache but are masked out through the 2D attention mask,
@@ -43,12 +47,13 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DFlashCache
 
-from .cost_model import cost_model_for, synchronize
+from .cost_model import cost_model_for
 from .dispatch import check_pair
 from .drafting import LengthChooser
 from .lookup import BatchLookup
@@ -58,7 +63,20 @@ from .batch_state import BatchState
 from .proposers import BlockDraftProposer, DraftRows, LookupProposer, NoDraftProposer, Proposals, swap_in_lookup
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
 from .sampler import SpeculativeSampler, rejection_sample
-from .stats import BatchStats
+from .stats import BatchStats, PhaseTimer
+
+
+class Admission(Protocol):
+    """When waiting prompts join the batch, and who hears of committed tokens: a request stream's driver (e.g. the
+    serving bench's arrival schedule) passed as `generate(admission=...)`. Default: every prompt waits only for a
+    free slot, and nobody is told."""
+
+    def ready(self, i: int, idle: bool) -> bool:
+        """Whether prompt `i` (the next waiting one) may join now. `idle`: no row is decoding, so the driver may
+        wait for it before answering."""
+
+    def committed(self, i: int, count: int) -> None:
+        """Prompt `i` committed `count` new tokens (their values are already on the host)."""
 
 
 @dataclass
@@ -78,8 +96,12 @@ class BatchRun:
     looking_up: LookupProposer | None = None
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
-    start: float = 0.0  # perf_counter at the start of the run; token times are relative to it
-    now: float = 0.0  # the current round's commit time (seconds from `start`)
+    admission: Admission | None = None  # a request stream's driver (`generate(admission=...)`), or None
+    timer: PhaseTimer | None = None  # per-phase timing, a no-op unless `generate(profile=True)`
+
+    def __post_init__(self):
+        if self.timer is None:
+            self.timer = PhaseTimer(self.stats.seconds, None)
     sequence_context: dict = field(default_factory=dict)  # prompt -> context chunks (OnlineSpec sequence learning)
 
     def remaining(self, prompt_idx: list[int]) -> list[int]:
@@ -137,8 +159,8 @@ class AdaFlashBatchGenerator:
     def generate(self, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
                  max_batch_size: int | None = None, continuous: bool = False,
                  attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                 arrivals: list[float] | None = None, return_stats: bool = False, generation_config=None,
-                 logits_processor=None, **sampling):
+                 admission: Admission | None = None, profile: bool = False, return_stats: bool = False,
+                 generation_config=None, logits_processor=None, **sampling):
         """New tokens of every prompt (input order; EOS included when produced); with `return_stats`, also the
         run's `BatchStats`.
 
@@ -152,9 +174,10 @@ class AdaFlashBatchGenerator:
                 `repetition_penalty`, any `GenerationConfig` field): the decoding options of `target.generate`, with
                 the target's `generation_config` filling what is unset (`SpeculativeSampler.for_target`); only
                 `do_sample` defaults to False (greedy) whatever the target's config says.
-            arrivals: seconds from the start at which each prompt arrives (a request stream, nondecreasing); a prompt
-                is admitted only once it has arrived (default: all at once). Its tokens' commit times are in
-                `BatchStats.token_times`.
+            admission: a request stream's driver (`Admission`): whether the next waiting prompt may join, and
+                who hears of committed tokens (arrival times and token timing live there, not in the engine).
+            profile: per-phase timing of every round in `BatchStats.seconds` (synchronizes the device at each phase;
+                off: the engine synchronizes only where it reads a value).
         """
         prompts = _prompt_lists(prompts, attention_mask)
         sampler = SpeculativeSampler.for_target(self.target, generation_config, logits_processor, generator,
@@ -162,13 +185,10 @@ class AdaFlashBatchGenerator:
         if eos_token_id is None:
             eos_token_id = self.target.generation_config.eos_token_id
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or [])
-        run = BatchRun(prompts, int(max_new_tokens), eos, sampler, BatchStats.for_prompts(len(prompts)),
-                       outputs=[[] for _ in prompts],
-                       done=[False] * len(prompts))
-        if arrivals is not None:
-            if len(arrivals) != len(prompts) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
-                raise ValueError("arrivals must give one nondecreasing time per prompt.")
-            run.stats.arrivals = [float(a) for a in arrivals]
+        stats = BatchStats.for_prompts(len(prompts))
+        run = BatchRun(prompts, int(max_new_tokens), eos, sampler, stats, outputs=[[] for _ in prompts],
+                       done=[False] * len(prompts), admission=admission,
+                       timer=PhaseTimer(stats.seconds, self.device, profile))
         cap = max_batch_size or len(prompts)
         if max_new_tokens > 0 and prompts:
             self._setup(run, cap)
@@ -195,24 +215,18 @@ class AdaFlashBatchGenerator:
 
     def _loop(self, run: BatchRun, cap: int, continuous: bool) -> None:
         waiting = deque(range(len(run.prompts)))
-        arrivals = run.stats.arrivals
-        run.start = start = self._clock()
+        start = time.perf_counter()
         batch = None
         try:
             while waiting or (batch is not None and batch.size):
                 size = 0 if batch is None else batch.size
-                if size == 0 and waiting:  # nothing to decode: wait for the next request
-                    time.sleep(max(0.0, arrivals[waiting[0]] - (time.perf_counter() - start)))
-                elapsed = time.perf_counter() - start
-                if waiting and size < cap and (size == 0 or continuous) and arrivals[waiting[0]] <= elapsed:
-                    take = []
-                    while waiting and len(take) < cap - size and arrivals[waiting[0]] <= elapsed:
-                        take.append(waiting.popleft())
+                take = self._admit(run, waiting, cap - size if size == 0 or continuous else 0, idle=size == 0)
+                if take:
                     new = self._prefill(run, take)
                     run.stats.prefill_joins += int(size > 0 and new.size > 0)
                     batch = new if batch is None else batch.merge(new)
-                    if batch.size == 0:
-                        continue
+                if batch is None or batch.size == 0:  # nothing to decode (yet)
+                    continue
                 self._active = batch
                 self._round(run, batch)
                 self._retire(run, batch)
@@ -220,9 +234,19 @@ class AdaFlashBatchGenerator:
             self._active = None
             run.stats.seconds["total"] += time.perf_counter() - start
 
+    @staticmethod
+    def _admit(run: BatchRun, waiting: deque, free: int, idle: bool) -> list[int]:
+        """The waiting prompts that join now: at most `free`, in input order, as long as `run.admission` lets the
+        next one in (everything waiting, without one)."""
+        take = []
+        while waiting and len(take) < free and (
+                run.admission is None or run.admission.ready(waiting[0], idle=idle and not take)):
+            take.append(waiting.popleft())
+        return take
+
     def _prefill(self, run: BatchRun, prompt_idx: list[int]) -> BatchState:
         """One target forward over the left-padded prompts; commits each row's first token. Returns live rows."""
-        start = self._clock()
+        run.timer.start()
         prompts = [run.prompts[i] for i in prompt_idx]
         b, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.zeros(b, width, dtype=torch.long)
@@ -250,9 +274,7 @@ class AdaFlashBatchGenerator:
                     run.sequence_context[i] = [ctx[r][mask[r].to(ctx.device)]]
             batch.add_context(ctx, mask, pos)
         run.stats.prefill_forwards += 1
-        end = self._clock()
-        run.stats.seconds["prefill"] += end - start
-        run.now = end - run.start
+        run.timer.lap("prefill")
         if run.lookup is not None:
             run.lookup.append(torch.tensor(prompt_idx, device=self.device), first[:, None],
                               torch.ones(b, dtype=torch.long, device=self.device))
@@ -264,13 +286,13 @@ class AdaFlashBatchGenerator:
     # ------------------------------------------------------------------------------------------------ one round
     def _round(self, run: BatchRun, batch: BatchState) -> None:
         """Propose, verify, accept, advance (module docstring)."""
-        t0 = self._clock()
+        timer = run.timer
+        timer.start()
         budgets = [max(0, min(self.max_drafts, r - 1)) for r in run.remaining(batch.prompt_idx)] \
             if self.drafter is not None else [0] * batch.size
         rows = DraftRows(batch, budgets, batch.prompt_idx, self._sequences(run, batch.prompt_idx))
         arm, lookup = self._choose_arm(run, rows)
-        t1 = self._clock()
-        run.stats.seconds["lookup"] += t1 - t0
+        timer.lap("lookup")
         if arm == "draft":
             proposals = swap_in_lookup(run.drafting.propose(rows), lookup, run.policy, batch.prompt_idx)
         elif arm == "lookup":
@@ -279,16 +301,13 @@ class AdaFlashBatchGenerator:
         else:
             run.stats.plain_rounds += 1
             proposals = NoDraftProposer(self.device).propose(rows)
-        t2 = self._clock()
-        run.stats.seconds["draft"] += t2 - t1
+        timer.lap("draft")
         out = self._verify(batch, proposals)
-        t3 = self._clock()
-        run.stats.seconds["verify"] += t3 - t2
+        timer.lap("verify")
         accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
                                                 proposals.one_hot, rows.sequences)
-        run.now = self._clock() - run.start  # the round's tokens are available from here on
         self._advance(run, batch, out, proposals, accepted, next_tok)
-        run.stats.seconds["accept"] += self._clock() - t3
+        timer.lap("accept")
 
     def _choose_arm(self, run: BatchRun, rows: DraftRows) -> tuple[str, Proposals | None]:
         """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation (None without
@@ -328,12 +347,12 @@ class AdaFlashBatchGenerator:
                 drafted = [n if s == "drafter" else 0 for n, s in zip(lengths_l, proposals.sources)]
                 run.lengths.update(drafted, accepted_l)
                 if self.learn_rounds:  # before add_context: each row's window ends at its anchor
-                    start = self._clock()
+                    start = time.perf_counter()  # learning reads its losses: no extra synchronization
                     from .feedback import batch_feedback
 
                     batch_feedback(self.online, self.drafter, self.lm_head, batch, proposals.noise, out.logits,
                                    lengths_l, accepted_l, proposals.sources)
-                    run.stats.seconds["online"] += self._clock() - start
+                    run.stats.seconds["online"] += time.perf_counter() - start
             keep = int(accepted.max()) + 1
             ctx_mask = (j[None, :keep] <= accepted[:, None]).to(batch.drafter.mask.device)
             context = self._context(out.hidden_states)[:, :keep]
@@ -364,7 +383,7 @@ class AdaFlashBatchGenerator:
         """A row is served: hand the whole request to the OnlineSpec adapter (`online/feedback.py`)."""
         from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
 
-        start = self._clock()
+        start = time.perf_counter()
         stats, chunks = run.stats, run.sequence_context.pop(i)
         if self.online.skip_unpaid_request(self.lm_head):  # learning is not paying: this request only counts
             return
@@ -375,7 +394,7 @@ class AdaFlashBatchGenerator:
             self.online.config.anchors_per_update,
             torch.Generator().manual_seed(self.online.config.seed + self.online.requests_seen))
         self.online.observe_sequence(feedback, self.lm_head)
-        stats.seconds["online"] += self._clock() - start
+        stats.seconds["online"] += time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _sequences(self, run: BatchRun, prompt_idx: list[int], prompts_only: bool = False):
@@ -400,7 +419,8 @@ class AdaFlashBatchGenerator:
         out = run.outputs[i]
         out.extend(tokens)
         run.stats.committed[i].append(len(tokens))
-        run.stats.token_times[i].extend([run.now] * len(tokens))
+        if run.admission is not None:
+            run.admission.committed(i, len(tokens))
         if len(out) >= run.max_new:
             run.done[i] = True
         return len(tokens)
@@ -417,10 +437,6 @@ class AdaFlashBatchGenerator:
                                                                 self.compact_ratio * cache.num_slots):
                 cache.compact()
                 run.stats.compactions += 1
-
-    def _clock(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
 
 
 # ---------------------------------------------------------------------------------------------------- entry points
@@ -453,8 +469,8 @@ def run_knobs(drafter, generation_config=None, fixed_length: int | None = None, 
 def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=None, do_sample: bool = False,
                    generation_config=None, runtime: SpeculationRuntime | None = None,
                    fixed_length: int | None = None, max_batch_size: int | None = None, continuous: bool = False,
-                   attention_mask=None, generator: torch.Generator | None = None, arrivals=None,
-                   return_stats: bool = False, logits_processor=None, **sampling):
+                   attention_mask=None, generator: torch.Generator | None = None, admission: Admission | None = None,
+                   profile: bool = False, return_stats: bool = False, logits_processor=None, **sampling):
     """Batched speculative decoding: the new tokens of each prompt, in input order (`list[list[int]]`).
 
     `prompts`: `list[list[int]]`, or `input_ids [b, T]` with `attention_mask`. `generation_config`: an
@@ -462,7 +478,8 @@ def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=N
     config, as `target.generate`'s. `do_sample`, `logits_processor` and `**sampling` (`temperature`, `top_k`,
     `top_p`, `repetition_penalty`, ...) are `generate`'s too (`AdaFlashBatchGenerator.generate`). `runtime`
     overrides the drafter's runtime components; `fixed_length=n` verifies exactly `min(n, budget)` drafted tokens per
-    row (`0`: no drafting). With `return_stats=True` returns `(tokens, BatchStats)`.
+    row (`0`: no drafting). `admission` (a request stream's driver) and `profile` (per-phase timing) are
+    `AdaFlashBatchGenerator.generate`'s. With `return_stats=True` returns `(tokens, BatchStats)`.
     """
     from ..models.drafter.configuration_adaflash_drafter import AdaFlashGenerationConfig
 
@@ -474,7 +491,7 @@ def generate_batch(target, drafter, prompts, max_new_tokens: int, eos_token_id=N
     runner = AdaFlashBatchGenerator(target, drafter, generation_config=knobs, runtime=runtime)
     return runner.generate(prompts, max_new_tokens, eos_token_id=eos_token_id, do_sample=do_sample,
                            max_batch_size=max_batch_size, continuous=continuous, attention_mask=attention_mask,
-                           generator=generator, arrivals=arrivals, return_stats=return_stats,
+                           generator=generator, admission=admission, profile=profile, return_stats=return_stats,
                            generation_config=decoding, logits_processor=logits_processor, **sampling)
 
 
@@ -508,5 +525,5 @@ def batched_generate(target, input_ids: torch.Tensor, attention_mask: torch.Tens
     return out
 
 
-__all__ = ["AdaFlashBatchGenerator", "BatchRun", "BatchStats", "Proposals", "batched_generate", "generate_batch",
-           "rejection_sample", "run_knobs"]
+__all__ = ["AdaFlashBatchGenerator", "Admission", "BatchRun", "BatchStats", "Proposals", "batched_generate",
+           "generate_batch", "rejection_sample", "run_knobs"]

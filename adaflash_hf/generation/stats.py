@@ -5,9 +5,11 @@ They are returned with the call (`generate(..., return_dict_in_generate=True).sp
 `generate_batch(..., return_stats=True)`), never left on the drafter.
 """
 
+import time
 from dataclasses import dataclass, field
 
 from ..utils.speculation import tau as tau_of
+from .cost_model import synchronize
 
 
 @dataclass
@@ -50,12 +52,11 @@ class SpeculationStats:
 class BatchStats:
     """Statistics of one batched run. Per-prompt lists (`verified`, `accepted`, `committed`) are in input order.
 
-    `seconds` splits wall time into `prefill` (target prefill forwards), `draft` (drafter forwards, draft logits and
-    the length choice), `verify` (target verification forwards, plain rounds included), `accept` (acceptance and
-    bookkeeping, incl. cache compaction), `lookup` (n-gram lookup of the hybrid proposals and the policy's choice),
-    `online` (OnlineSpec updates) and `total`.
-    `arrivals[i]` / `token_times[i]`: when prompt i arrived and when each of its tokens was committed (seconds from
-    the start of the run; the tokens of one round share its time), for serving metrics (TTFT, inter-token latency).
+    `seconds` holds the wall time of the run (`total`) and of its OnlineSpec updates (`online`); with per-round
+    profiling on (`generate(..., profile=True)`, which synchronizes the device at every phase) also its split into
+    `prefill` (target prefill forwards), `draft` (drafter forwards, draft logits and the length choice), `verify`
+    (target verification forwards, plain rounds included), `accept` (acceptance and bookkeeping, incl. cache
+    compaction) and `lookup` (n-gram lookup of the hybrid proposals and the policy's choice).
     `sources` (per prompt, per round): what the row verified, `"drafter"`, `"lookup"` or `"none"`.
     Every round is a speculative round (`drafter_forwards`), a `lookup_rounds` or a `plain_rounds` one.
     """
@@ -75,13 +76,11 @@ class BatchStats:
     lookup_rounds: int = 0  # rounds without a drafter forward that verified n-gram lookup proposals (hybrid)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("prefill", "draft", "verify", "accept", "lookup", "online", "total"), 0.0))
-    arrivals: list[float] = field(default_factory=list)
-    token_times: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def for_prompts(cls, n: int) -> "BatchStats":
         return cls(verified=[[] for _ in range(n)], accepted=[[] for _ in range(n)], committed=[[] for _ in range(n)],
-                   sources=[[] for _ in range(n)], arrivals=[0.0] * n, token_times=[[] for _ in range(n)])
+                   sources=[[] for _ in range(n)])
 
     @property
     def ms_per_round(self) -> dict[str, float]:
@@ -109,4 +108,30 @@ class BatchStats:
         return sum(per_round) / len(per_round) if per_round else 0.0
 
 
-__all__ = ["BatchStats", "SpeculationStats"]
+class PhaseTimer:
+    """Opt-in per-phase timing of the batched engine's rounds into `BatchStats.seconds`.
+
+    Disabled (the default), `lap` does nothing: the engine then synchronizes the device only where it reads a value.
+    Enabled, every `lap` synchronizes the device first, so each phase is charged the device time it took, not the
+    time its kernels took to launch.
+    """
+
+    def __init__(self, seconds: dict[str, float], device, enabled: bool = False):
+        self.seconds, self.device, self.enabled = seconds, device, enabled
+        self._last = 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            synchronize(self.device)
+            self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last `start` / `lap` to `phase`."""
+        if self.enabled:
+            synchronize(self.device)
+            now = time.perf_counter()
+            self.seconds[phase] += now - self._last
+            self._last = now
+
+
+__all__ = ["BatchStats", "PhaseTimer", "SpeculationStats"]

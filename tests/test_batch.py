@@ -393,3 +393,15 @@ def test_sliding_window_targets_are_refused():
     target = MistralForCausalLM(config).eval()
     with pytest.raises(NotImplementedError, match="DynamicLayer"):
         generate_batch(target, None, [[1, 2, 3]], 4)
+
+
+def test_batch_tau_is_the_shared_tau():
+    """Both engines' statistics compute tau with the one helper (`utils.speculation.tau`), pooled over rows."""
+    from adaflash_hf.generation.stats import BatchStats, SpeculationStats
+    from adaflash_hf.utils.speculation import tau
+
+    stats = BatchStats.for_prompts(2)
+    stats.accepted = [[2, 0], [3]]
+    assert stats.tau == tau([2, 0, 3]) == pytest.approx(5 / 3 + 1)
+    assert SpeculationStats(accepted=[2, 0, 3]).tau == stats.tau
+    assert BatchStats.for_prompts(1).tau == 0.0

@@ -103,9 +103,9 @@ class BatchStats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens committed per row per verification round (prefill excluded)."""
-        per_round = [c for row in self.committed for c in row[1:]]
-        return sum(per_round) / len(per_round) if per_round else 0.0
+        """Tokens per row per verification round (accepted drafts + the target's own token), prefill excluded,
+        pooled over every row's rounds: `utils.speculation.tau`, as `SpeculationStats.tau` at bs=1."""
+        return tau_of(a for row in self.accepted for a in row)
 
 
 class PhaseTimer:

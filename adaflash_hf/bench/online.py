@@ -177,7 +177,7 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
         if adapter is not None:
             stats = adapter.stats
             entry.update(
-                updates=stats.updates, rollbacks=len(stats.rollbacks),
+                updates=stats.updates, rollbacks=len(stats.rollbacks), vocab_added=stats.vocab_added,
                 positions_per_update=sum(stats.positions) / max(len(stats.positions), 1),
                 learning_ms_per_request={"critical_path": 1e3 * stats.critical_seconds / len(rows),
                                          "total": 1e3 * stats.update_seconds / len(rows)},

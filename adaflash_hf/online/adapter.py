@@ -43,6 +43,7 @@ from .learners import Hedge, OnlineLearner
 from .online_config import OnlineSpecConfig
 from .persistence import STATE_VERSION, load_adapter, lora_keys, save_adapter
 from .stats import OnlineStats
+from .vocab import VocabGrowth, set_draft_vocab
 
 
 class OnlineSpecAdapter:
@@ -87,6 +88,7 @@ class OnlineSpecAdapter:
             self.trainee = _shadow_copy(drafter)
             self._train_layers = [m for m in self.trainee.modules() if isinstance(m, BaseTunerLayer)]
             self.worker = BackgroundUpdates()
+        self.vocab = VocabGrowth(self.config.vocab_growth, self.config.vocab_min_count)
         self._requests = 0
         self._interval = 1  # learn from every `_interval`-th request (`learn_while_paying`)
         factors = self.config.ensemble_lr_factors if self.config.algorithm == "ensemble" else (1.0,)
@@ -113,6 +115,7 @@ class OnlineSpecAdapter:
     def detach(self) -> None:
         """Remove every LoRA layer: the drafter's modules are exactly the original ones again."""
         self.finish()
+        self.vocab.restore(self.drafter)
         self.trainee, self._train_layers, self.worker = self.drafter, [], None
         for name, module in list(self.drafter.named_modules()):
             for child_name, child in list(module.named_children()):
@@ -247,6 +250,7 @@ class OnlineSpecAdapter:
         if feedback is None:
             self.stats.skipped += 1
         else:
+            self._grow_vocab(feedback)
             with torch.inference_mode(False):
                 if self.worker is None:
                     result = self._observe(feedback, lm_head)
@@ -256,6 +260,16 @@ class OnlineSpecAdapter:
                     result["submitted"] = True
         self.stats.critical_seconds += time.perf_counter() - start
         return result
+
+    def _grow_vocab(self, feedback: SequenceFeedback) -> None:
+        """Append the request's frequent outside tokens to the draft vocabulary (`online/vocab.py`), on the serving
+        thread with no update running, so the drafting and the learning forwards always agree on it."""
+        if getattr(feedback, "committed", None) is None or not self.vocab.observe(self.drafter, feedback.committed):
+            return
+        if self.trainee is not self.drafter:
+            set_draft_vocab(self.trainee, self.drafter.draft_vocab.clone())
+        self._head_cache = None
+        self.stats.vocab_added = len(self.vocab.added)
 
     def skip_unpaid_request(self, lm_head) -> bool:
         """Called when a request is served, before its feedback is built. While learning does not pay
@@ -446,7 +460,7 @@ class OnlineSpecAdapter:
             "learner_steps": {n: lrn.steps for n, lrn in self.learners.items()},
             "good": {"hedge_cumulative": list(self._good["hedge"]),
                      "learner_steps": {n: st["steps"] for n, st in self._good["learners"].items()}},
-            "stats": asdict(self.stats), "feedback": kept,
+            "stats": asdict(self.stats), "feedback": kept, "vocab": self.vocab.state_dict(),
             **{key: [index[id(fb)] for fb in kept_list] for key, kept_list in
                (("pending", self._pending), ("recent", recent), ("stream", self.stream))},
         }
@@ -484,6 +498,11 @@ class OnlineSpecAdapter:
         self._requests, self._interval = int(state["requests_seen"]), int(state["learn_interval"])
         self._reference, self._checked = state["reference"], int(state["checked"])
         self.stats = OnlineStats(**state["stats"])
+        if "vocab" in state:
+            self.vocab.load_state_dict(state["vocab"], self.drafter)
+            if self.trainee is not self.drafter and self.drafter.draft_vocab is not None:
+                set_draft_vocab(self.trainee, self.drafter.draft_vocab.clone())
+            self._head_cache = None
         kept = [feedback_from_state(meta, {k[len(f"feedback/{i}/") :]: t for k, t in tensors.items()
                                            if k.startswith(f"feedback/{i}/")}, device)
                 for i, meta in enumerate(state["feedback"])]

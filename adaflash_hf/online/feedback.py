@@ -93,6 +93,7 @@ class SequenceFeedback:
             anchor and itself); position_ids: `[1, T + n * B]`.
         labels / label_mask: `[1, n, B - 1]` the committed token at each block position, and which positions count.
         num_accepted / num_drafted: drafted tokens accepted / proposed in the request's drafter rounds.
+        committed: `[n]` the tokens the target committed in the request (what `online/vocab.py` counts), or None.
     """
 
     noise_embeds: torch.Tensor
@@ -103,6 +104,7 @@ class SequenceFeedback:
     label_mask: torch.Tensor
     num_accepted: int
     num_drafted: int
+    committed: torch.Tensor | None = None
 
     @property
     def positions(self) -> int:
@@ -142,7 +144,8 @@ class SequenceFeedback:
                    context[None].detach().to(device=param.device, dtype=param.dtype).clone(),
                    block_attention_mask(anchors, ctx_len, block, dtype=param.dtype).to(param.device),
                    block_position_ids(anchors, ctx_len, block).to(param.device),
-                   labels.to(param.device), mask.to(param.device), int(num_accepted), int(num_drafted))
+                   labels.to(param.device), mask.to(param.device), int(num_accepted), int(num_drafted),
+                   ids[0, max(prompt_len, 0) :].clone())
 
 
 # What a saved feedback holds (`feedback_state`): its tensors, and its integers. A round's `draft_logits` (the
@@ -153,20 +156,29 @@ FEEDBACK_LAYOUT = {
     "sequence": (SequenceFeedback, ("noise_embeds", "context", "attention_mask", "position_ids", "labels",
                                     "label_mask"), ("num_accepted", "num_drafted")),
 }
+OPTIONAL_TENSORS = ("committed",)  # saved when present; a state without them loads as None
 
 
 def feedback_state(feedback) -> tuple[dict, dict[str, torch.Tensor]]:
     """`(meta, tensors)` of a feedback: `meta` JSON-able (`kind` and its integers), `tensors` by field name."""
     kind = "round" if isinstance(feedback, RoundFeedback) else "sequence"
     _, tensor_fields, int_fields = FEEDBACK_LAYOUT[kind]
-    return ({"kind": kind, **{f: int(getattr(feedback, f)) for f in int_fields}},
-            {f: getattr(feedback, f).detach() for f in tensor_fields})
+    optional = {f: t for f in OPTIONAL_TENSORS if (t := getattr(feedback, f, None)) is not None}
+    return ({"kind": kind, **{f: int(getattr(feedback, f)) for f in int_fields}, "optional": sorted(optional)},
+            {f: getattr(feedback, f).detach() for f in tensor_fields} | {f: t.detach() for f, t in optional.items()})
+
+
+def feedback_tensor_names(meta: dict) -> tuple[str, ...]:
+    """The tensors a saved feedback `meta` (from `feedback_state`) comes with."""
+    return (*FEEDBACK_LAYOUT[meta["kind"]][1], *meta.get("optional", ()))
 
 
 def feedback_from_state(meta: dict, tensors: dict[str, torch.Tensor], device=None):
     """The feedback `feedback_state` described (tensors moved to `device`)."""
     cls, tensor_fields, int_fields = FEEDBACK_LAYOUT[meta["kind"]]
-    return cls(**{f: tensors[f].to(device) for f in tensor_fields}, **{f: int(meta[f]) for f in int_fields})
+    optional = {f: tensors[f].to(device) for f in OPTIONAL_TENSORS if f in tensors}
+    return cls(**{f: tensors[f].to(device) for f in tensor_fields}, **{f: int(meta[f]) for f in int_fields},
+               **optional)
 
 
 def round_loss(module, head_rows: torch.Tensor, feedback: RoundFeedback, config,

@@ -66,6 +66,10 @@ class OnlineSpecConfig:
         rollback_window (`int`): rounds per acceptance window of the safety check.
         rollback_drop (`float`): roll back when a window's mean acceptance falls this fraction below the reference
             window's (the window at the last good snapshot).
+        vocab_growth (`int`): sequence modes, drafters with a draft vocabulary: append up to this many tokens the
+            target commits outside the draft vocabulary to it (`online/vocab.py`; 0: never). On unseen traffic the
+            missing tokens cap acceptance whatever the adapter learns.
+        vocab_min_count (`int`): commits of one outside token before it is appended.
         record_stream (`bool`): keep every round's feedback (for regret in hindsight; memory grows with the stream).
         seed (`int`): initialisation seed of the LoRA matrices.
     """
@@ -97,6 +101,8 @@ class OnlineSpecConfig:
     rollback_window: int = 32
     rollback_drop: float = 0.25
     record_stream: bool = False
+    vocab_growth: int = 1024
+    vocab_min_count: int = 2
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -122,8 +128,10 @@ class OnlineSpecConfig:
             errors.append("an ensemble needs at least two ensemble_lr_factors")
         if any(f < 0 for f in self.ensemble_lr_factors):
             errors.append("ensemble_lr_factors must be >= 0")
+        if self.vocab_growth < 0:
+            errors.append(f"vocab_growth must be >= 0, got {self.vocab_growth}")
         for name in ("update_every", "context_window", "lora_r", "rollback_window", "anchors_per_update",
-                     "gate_window", "gate_max_interval"):
+                     "gate_window", "gate_max_interval", "vocab_min_count"):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.replay_window < 0 or self.learning_rate < 0 or self.hedge_eta < 0:

@@ -45,7 +45,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
 from ..generation.runtime import SpeculationRuntime
-from .feedback import FEEDBACK_LAYOUT
+from .feedback import FEEDBACK_LAYOUT, feedback_tensor_names
 from .learners import OnlineLearner
 from .online_config import CONFIG_NAME, OnlineSpecConfig
 from .stats import OnlineStats
@@ -240,7 +240,7 @@ def _expected_tensors(config: OnlineSpecConfig, state: dict, params: dict) -> di
         for prefix, prefix_kinds in ((f"learner/{name}", kinds), (f"good/{name}", ("params", *kinds))):
             expected.update((f"{prefix}/{kind}/{key}", shape) for kind in prefix_kinds for key, shape in params.items())
     for i, meta in enumerate(state["feedback"]):
-        expected.update((f"feedback/{i}/{f}", None) for f in FEEDBACK_LAYOUT[meta["kind"]][1])
+        expected.update((f"feedback/{i}/{f}", None) for f in feedback_tensor_names(meta))
     return expected
 
 

@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     from adaflash_hf import AdaFlashDrafterModel
     from adaflash_hf.checkpoints import default_drafter_dir
     from adaflash_hf.testbed import load_prompts, load_testbed, read_prompts_jsonl
-    from adaflash_hf.training.label_corpus import drop_near_eval
+    from adaflash_hf.testbed.corpus import drop_near_eval
     from adaflash_hf.training.label_hidden import _cache_key, _cached_shards, hidden_cache_dir
     from adaflash_hf.training.label_store import LabelStore
     from adaflash_hf.training.store_data import store_training_data

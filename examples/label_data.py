@@ -12,7 +12,7 @@ While responses are generated, corpus chunks are labelled in between so that cor
 
 Responses are generated with a `--gen_dtype` copy of the target (bf16: ~2x faster on CPU; the store is keyed by
 that dtype); corpus labels come from the `--label_dtype` target (fp32, the evaluation target). Eval-split prompts and
-eval text are never used (see `adaflash_hf/training/label_corpus.py`). Train on the store with
+eval text are never used (see `adaflash_hf/testbed/corpus.py`). Train on the store with
 `adaflash_hf.training.label_store.select_entries` + `label_hidden.build_label_dataset`.
 """
 
@@ -79,7 +79,7 @@ def main(argv=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from adaflash_hf.testbed import load_prompts, load_testbed
-    from adaflash_hf.training.label_corpus import drop_near_eval, testbed_corpus_chunks
+    from adaflash_hf.testbed.corpus import drop_near_eval, testbed_corpus_chunks
     from adaflash_hf.training.label_store import LabelStore
 
     gen_dtype, label_dtype = getattr(torch, args.gen_dtype), getattr(torch, args.label_dtype)

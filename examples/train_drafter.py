@@ -36,7 +36,8 @@ from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.testbed import load_testbed
 from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
 from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, best_metric, resolve_checkpoint
-from adaflash_hf.training.data import frequent_tokens, script_training_dataset
+from adaflash_hf.testbed.datasets import script_training_dataset
+from adaflash_hf.training.data import frequent_tokens
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 

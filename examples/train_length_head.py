@@ -27,7 +27,7 @@ from adaflash_hf.generation.cost_model import TargetCostModel
 from adaflash_hf.models import AdaFlashLengthHead, AdaFlashLengthHeadConfig
 from adaflash_hf.testbed import cache_dir, load_prompts
 from adaflash_hf.training import build_training_dataset
-from adaflash_hf.training.data import script_training_dataset
+from adaflash_hf.testbed.datasets import script_training_dataset
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.length_head import LengthHeadTrainer, collect_length_data, length_metrics
 

@@ -23,7 +23,7 @@ from adaflash_hf.bench.models import load_models
 from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.training import OPDConfig, OPDTrainer
 from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallback, best_metric
-from adaflash_hf.training.data import script_training_dataset
+from adaflash_hf.testbed.datasets import script_training_dataset
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 

@@ -1,4 +1,5 @@
-"""The shape of the code: no import cycle, decoding state kept off the drafter."""
+"""The shape of the code: no import cycle, library code never imports the testbed, decoding state kept off the
+drafter."""
 
 import ast
 from pathlib import Path
@@ -78,6 +79,23 @@ def test_the_package_has_no_import_cycle():
     graph = _import_graph(PACKAGE)
     assert len(graph) > 40 and "adaflash_hf.bench.models" in graph["adaflash_hf.cli"]
     assert _cycles(graph) == []
+
+
+# The experiment harness: the offline testbed, and the benches and CLIs that run on it.
+HARNESS = ("adaflash_hf.testbed", "adaflash_hf.bench", "adaflash_hf.cli", "adaflash_hf.checkpoints.__main__")
+
+
+def test_library_code_never_imports_the_testbed():
+    graph = _import_graph(PACKAGE)
+    harness = lambda m: any(m == h or m.startswith(h + ".") for h in HARNESS)  # noqa: E731
+    library = {m: deps for m, deps in graph.items() if not harness(m)}
+    assert "adaflash_hf.generation.cost_model" in library and "adaflash_hf.testbed.corpus" in graph
+    leaks = {m: sorted(d for d in deps if d.startswith("adaflash_hf.testbed")) for m, deps in library.items()}
+    # Two lazy imports on purpose: the label store refuses the testbed's held-out prompts (held-out evaluation must
+    # stay held out, even for a caller who forgot), and a bench summary's "testbed:" target maps to its Hub id.
+    allowed = {"adaflash_hf.training.label_store": ["adaflash_hf.testbed", "adaflash_hf.testbed.sources"],
+               "adaflash_hf.hub": ["adaflash_hf.testbed.model"]}
+    assert {m: d for m, d in leaks.items() if d} == allowed
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -1,4 +1,4 @@
-"""The target-label store (`training/label_store.py`) and the testbed corpus's eval hold-out (`label_corpus.py`)."""
+"""The target-label store (`training/label_store.py`) and the testbed corpus's eval hold-out (`testbed/corpus.py`)."""
 
 import ast
 import json
@@ -9,7 +9,7 @@ import torch
 
 from adaflash_hf.testbed import split_of
 from adaflash_hf.training import DrafterDataCollator, record_targets
-from adaflash_hf.training.label_corpus import (
+from adaflash_hf.testbed.corpus import (
     _window_end,
     chunk_documents,
     cut_eval_functions,
@@ -333,7 +333,7 @@ def test_chunk_documents_packs_and_splits_deterministically():
 @pytest.mark.slow
 def test_testbed_train_prompts_near_eval_ones_are_dropped():
     from adaflash_hf.testbed import load_prompts
-    from adaflash_hf.training.label_corpus import drop_near_eval
+    from adaflash_hf.testbed.corpus import drop_near_eval
 
     records = load_prompts(split="train", max_per_domain=400)
     kept, dropped = drop_near_eval(records)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..utils.prompts import encode_prompt  # noqa: F401  (re-exported: the testbed's prompts are encoded so)
 from .cache import atomic_file, cache_dir, file_lock, logger
 from .sources import PromptSource, default_sources
 
@@ -56,15 +57,6 @@ def _check_record(record: object, where: str) -> dict:
         if field in record and not isinstance(record[field], str):
             raise ValueError(f"{where}: field {field!r} must be a string, got {record[field]!r}")
     return record
-
-
-def encode_prompt(tokenizer, prompt: str, chat_template: bool = True) -> list[int]:
-    """Token ids of a user prompt, wrapped in the chat template (with the assistant turn opened) by default."""
-    if chat_template and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-    return tokenizer(prompt)["input_ids"]
 
 
 def read_prompts_jsonl(path: str | Path) -> list[dict]:

@@ -102,8 +102,8 @@ def target_key(target_name: str, dtype) -> str:
 
 
 def labels_root() -> Path:
-    """`<cache>/labels` (the testbed cache root, `$ADAFLASH_HF_CACHE` or `~/.cache/adaflash_hf`)."""
-    from ..testbed import cache_dir
+    """`<cache>/labels` (the cache root, `$ADAFLASH_HF_CACHE` or `~/.cache/adaflash_hf`)."""
+    from ..utils.cache import cache_dir
 
     return cache_dir() / "labels"
 

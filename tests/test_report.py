@@ -233,3 +233,22 @@ def test_section_c_takes_a_finished_bench_online_run(tmp_path):
     assert str(path) in section["config"]["measured in"]
     lines, verdict, _ = report.render_section("c", section, tmp_path)
     assert verdict == "held" and any("| ogd | 1.500 |" in line for line in lines)  # 1.15x, tok/s alike
+
+
+def test_rerunning_one_section_keeps_the_others_from_the_earlier_report(tmp_path):
+    sections = {"a": ok(compare_data([1.2, 1.8, 2.2, 1.6], [1.8, 1.9, 2.0, 1.9]), prompts=1),
+                "b": ok(concurrency_data([20, 30], [25, 29])),
+                "c": ok(online_data({"static": 1.3, "ogd": 1.4})), "d": ok(speedup_data(1.24))}
+    first = report.write_report(sections, {**HEADER, "commit": "aaa1111"}, tmp_path).read_text()
+    again = report.write_report({"c": ok(online_data({"static": 1.3, "ogd": 1.5}))},
+                                {**HEADER, "commit": "bbb2222"}, tmp_path, keep_other_sections=True).read_text()
+    block = lambda text, key: text.split(f"## ({key})", 1)[1].split("\n## ", 1)[0]  # noqa: E731
+    for key in "abd":
+        assert block(again, key) == block(first, key)
+    assert "| ogd | 1.500 |" in block(again, "c") and "| ogd | 1.400 |" in block(first, "c")
+    summary = again.split("## Summary", 1)[1].split("## (a)", 1)[0]
+    assert summary.count("| (") == 4 and summary.count("**held**") == 3  # (c) now held, (b) still did not
+    assert "| sections kept from an earlier run | (a), (b), (d):" in again and "aaa1111" in again
+    # without the flag the other sections say they were not run
+    plain = report.write_report({"c": ok(online_data({"static": 1.3}))}, HEADER, tmp_path).read_text()
+    assert plain.count("not selected with --sections") == 3

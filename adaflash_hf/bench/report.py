@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -310,17 +311,43 @@ def render_section(key: str, section: dict, output_dir: Path) -> tuple[list[str]
     return lines, verdict, why
 
 
-def write_report(sections: dict, header: dict, output_dir) -> Path:
-    """Write `results.md` (and one PNG per measured section) into `output_dir`; returns the markdown path."""
+def _earlier_report(path: Path) -> tuple[dict[str, list[str]], dict[str, str], str]:
+    """An earlier `results.md`: each section's markdown lines, its summary row, and where it came from."""
+    lines = path.read_text().splitlines()
+    blocks, rows, key = {}, {}, None
+    for line in lines:
+        if line.startswith("## "):
+            key = next((k for k in SECTIONS if line.startswith(f"## ({k})")), None)
+            if key:
+                blocks[key] = []
+        elif line.startswith("| (") and line[3:4] in SECTIONS and line[4:6] == ") ":
+            rows[line[3]] = line
+        if key:
+            blocks[key].append(line)
+    cells = dict(re.findall(r"^\| (date \(UTC\)|git commit) \| (.*) \|$", "\n".join(lines), re.M))
+    return blocks, rows, f"{cells.get('date (UTC)', '?')}, commit {cells.get('git commit', '?')}"
+
+
+def write_report(sections: dict, header: dict, output_dir, keep_other_sections: bool = False) -> Path:
+    """Write `results.md` (and one PNG per measured section) into `output_dir`; returns the markdown path. With
+    `keep_other_sections`, sections not run now keep their text (and PNGs) from the `results.md` already there."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    body, summary = [], []
+    path = output_dir / "results.md"
+    earlier = _earlier_report(path) if keep_other_sections and path.is_file() else ({}, {}, "")
+    body, summary, kept = [], [], []
     for key in SECTIONS:
-        section = sections.get(key) or {"status": "skipped", "reason": "not selected with --sections"}
+        section = sections.get(key)
+        if section is None and key in earlier[0]:
+            body += [*earlier[0][key], ""] if earlier[0][key][-1] else earlier[0][key]
+            summary.append(earlier[1].get(key, f"| {TITLES[key].split(' ', 1)[0]} | {CLAIMS[key]} | - | - |"))
+            kept.append(f"({key})")
+            continue
+        section = section or {"status": "skipped", "reason": "not selected with --sections"}
         lines, verdict, why = render_section(key, section, output_dir)
         body += lines
-        summary.append([TITLES[key].split(" ", 1)[0], CLAIMS[key], f"**{verdict}**",
-                        f"{section.get('seconds', 0.0):.0f} s"])
+        summary.append(f"| {TITLES[key].split(' ', 1)[0]} | {CLAIMS[key]} | **{verdict}** | "
+                       f"{section.get('seconds', 0.0):.0f} s |")
     mode = "quick" if header.get("quick") else "full"
     head = [
         "# Results on the testbed",
@@ -333,14 +360,14 @@ def write_report(sections: dict, header: dict, output_dir) -> Path:
             ("machine", header.get("machine", "")), ("torch", header.get("torch", "")),
             ("transformers", header.get("transformers", "")), ("seed", header.get("seed", "")),
             ("git commit", header.get("commit", "")),
-            ("total wall time", f"{header.get('seconds', 0.0):.0f} s")]]),
+            ("total wall time", f"{header.get('seconds', 0.0):.0f} s")]
+            + ([("sections kept from an earlier run", f"{', '.join(kept)}: {earlier[2]}")] if kept else [])]),
         "",
     ]
     if header.get("quick"):
         head += ["**Quick mode**: one prompt per domain and short generations; the verdicts rest on very few "
                  "samples and are indicative only. Run `make report` for the full numbers.", ""]
-    head += ["## Summary", "", *_table(["section", "claim", "verdict", "wall time"], summary), ""]
-    path = output_dir / "results.md"
+    head += ["## Summary", "", *_table(["section", "claim", "verdict", "wall time"], [])[:2], *summary, ""]
     path.write_text("\n".join(head + body).rstrip() + "\n")
     return path
 
@@ -529,6 +556,8 @@ def command_line(args) -> str:
             parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if getattr(args, "device", "auto") != "auto":
         parts += ["--device", args.device]
+    if getattr(args, "keep_other_sections", False):
+        parts.append("--keep-other-sections")
     if getattr(args, "repeats", DEFAULT_REPEATS) != DEFAULT_REPEATS:
         parts += ["--repeats", str(args.repeats)]
     return " ".join(parts)
@@ -591,6 +620,8 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-head", type=existing_dir("--length-head"), default=None,
                    help=f"length head with cost_model.json (default: adaflash_hf/checkpoints/{LENGTH_HEAD})")
     p.add_argument("--json", type=Path, default=None, help="also write the raw section results here")
+    p.add_argument("--keep-other-sections", action="store_true",
+                   help="sections not selected keep their text from the results.md already in --output-dir")
     p.add_argument("--online-json", type=Path, default=None,
                    help="section (c) from a finished `adaflash-hf bench-online --prompts <unseen stream>` JSON instead "
                         "of rerunning it (the full stream takes about an hour on 2 CPU cores)")
@@ -605,7 +636,7 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
 
 def main_report(args) -> int:
     sections, header = run_report(args)
-    path = write_report(sections, header, args.output_dir)
+    path = write_report(sections, header, args.output_dir, keep_other_sections=args.keep_other_sections)
     print(f"wrote {path} in {header['seconds']:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

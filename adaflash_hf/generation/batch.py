@@ -350,7 +350,7 @@ class AdaFlashBatchGenerator:
                     start = time.perf_counter()  # learning reads its losses: no extra synchronization
                     from .feedback import batch_feedback
 
-                    batch_feedback(self.online, self.drafter, self.lm_head, batch, proposals.noise, out.logits,
+                    batch_feedback(self.online, self.lm_head, batch, proposals.noise, out.logits,
                                    lengths_l, accepted_l, proposals.sources)
                     run.stats.seconds["online"] += time.perf_counter() - start
             keep = int(accepted.max()) + 1
@@ -380,20 +380,13 @@ class AdaFlashBatchGenerator:
                 self._learn_request(run, i)
 
     def _learn_request(self, run: BatchRun, i: int) -> None:
-        """A row is served: hand the whole request to the OnlineSpec adapter (`online/feedback.py`)."""
-        from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
-
+        """A row is served: hand the whole request to the OnlineSpec adapter (`online/observer.py`)."""
         start = time.perf_counter()
         stats, chunks = run.stats, run.sequence_context.pop(i)
-        if self.online.skip_unpaid_request(self.lm_head):  # learning is not paying: this request only counts
-            return
         drafted = [(a, v) for a, v, s in zip(stats.accepted[i], stats.verified[i], stats.sources[i]) if s == "drafter"]
-        feedback = SequenceFeedback.from_sequence(
-            self.drafter, self.embeddings, torch.tensor(run.prompts[i] + run.outputs[i]), torch.cat(chunks),
-            len(run.prompts[i]), sum(a for a, _ in drafted), sum(v for _, v in drafted),
-            self.online.config.anchors_per_update,
-            torch.Generator().manual_seed(self.online.config.seed + self.online.requests_seen))
-        self.online.observe_sequence(feedback, self.lm_head)
+        self.online.on_request_end(torch.tensor(run.prompts[i] + run.outputs[i]), torch.cat(chunks),
+                                   len(run.prompts[i]), sum(a for a, _ in drafted), sum(v for _, v in drafted),
+                                   self.embeddings, self.lm_head)
         stats.seconds["online"] += time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------------ helpers

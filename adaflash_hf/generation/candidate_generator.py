@@ -237,33 +237,23 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         """The request is served: hand it to the online adapter (sequence learning; `online/feedback.py`)."""
         if self.online is None or self.learn_rounds or self._input_ids is None or not self._sequence:
             return
-        if self.online.skip_unpaid_request(self.main_model_output_embeddings):  # learning is not paying
-            return
-        from ..online import SequenceFeedback  # lazy: online learning pulls in PEFT
-
         start = time.perf_counter()
         drafted = [(a, d) for a, d, s in zip(self.stats.accepted, self.stats.drafted, self.stats.proposers)
                    if s == "drafter"]
-        feedback = SequenceFeedback.from_sequence(
-            self.assistant_model, self.main_model_input_embeddings, self._input_ids[0],
-            torch.cat(self._sequence, dim=1)[0], self._prompt_len, sum(a for a, _ in drafted),
-            sum(d for _, d in drafted), self.online.config.anchors_per_update,
-            torch.Generator().manual_seed(self.online.config.seed + self.online.requests_seen))
-        self.online.observe_sequence(feedback, self.main_model_output_embeddings)
+        self.online.on_request_end(self._input_ids[0], torch.cat(self._sequence, dim=1)[0], self._prompt_len,
+                                   sum(a for a, _ in drafted), sum(d for _, d in drafted),
+                                   self.main_model_input_embeddings, self.main_model_output_embeddings)
         self.stats.online_seconds += time.perf_counter() - start
 
     def _learn(self, round_data: tuple, raw_logits: torch.Tensor, num_accepted: int) -> None:
         """Hand one drafter round to the online adapter: its draft replay data and the target's raw logits `[n, V]`."""
-        from ..online import RoundFeedback  # lazy: online learning pulls in PEFT
-
         noise_embeds, window, positions, draft_logits_ = round_data
         n = raw_logits.shape[0]
         if draft_logits_ is not None:
             with torch.enable_grad():  # a view taken under no_grad would drop the autograd graph
                 draft_logits_ = draft_logits_[0, :n]
-        feedback = RoundFeedback.from_round(self.assistant_model, noise_embeds, window, positions,
-                                            raw_logits.to(self.device), num_accepted, draft_logits=draft_logits_)
-        self.online.observe(feedback, self.main_model_output_embeddings)
+        self.online.on_round(noise_embeds, window, positions, raw_logits.to(self.device), num_accepted,
+                             self.main_model_output_embeddings, draft_logits=draft_logits_)
 
 
 __all__ = ["AdaFlashCandidateGenerator", "SpeculationStats"]

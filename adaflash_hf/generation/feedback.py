@@ -10,7 +10,7 @@ positions. The adapter replays the row cache-free, so the shared batched draftin
 import torch
 
 
-def batch_feedback(adapter, drafter, lm_head, batch, noise: torch.Tensor, logits: torch.Tensor,
+def batch_feedback(adapter, lm_head, batch, noise: torch.Tensor, logits: torch.Tensor,
                    lengths: list[int], accepted: list[int], sources: list[str]) -> int:
     """Hand the adapter one `RoundFeedback` per row that verified drafted tokens (module docstring).
 
@@ -21,8 +21,6 @@ def batch_feedback(adapter, drafter, lm_head, batch, noise: torch.Tensor, logits
     Returns:
         the number of rows observed.
     """
-    from ..online import RoundFeedback  # lazy: online learning pulls in PEFT
-
     block = noise.shape[1]
     seen = 0
     for r, (n, a, source) in enumerate(zip(lengths, accepted, sources)):
@@ -34,8 +32,7 @@ def batch_feedback(adapter, drafter, lm_head, batch, noise: torch.Tensor, logits
         positions = torch.cat([batch.win_pos[r][valid].to(context.device),
                                anchor + torch.arange(block, device=context.device)])[None]
         raw = logits[r, :n].detach().clone().to(context.device)  # position k predicts drafted token k + 1
-        feedback = RoundFeedback.from_round(drafter, noise[r : r + 1].clone(), context.clone(), positions, raw, a)
-        adapter.observe(feedback, lm_head)
+        adapter.on_round(noise[r : r + 1].clone(), context.clone(), positions, raw, a, lm_head)
         seen += 1
     return seen
 

@@ -40,14 +40,16 @@ from ..generation.runtime import SpeculationRuntime
 from .background import BackgroundUpdates
 from .feedback import RoundFeedback, SequenceFeedback, feedback_from_state, feedback_state, round_loss, sequence_loss
 from .learners import Hedge, OnlineLearner
+from .observer import OnlineObserver
 from .online_config import OnlineSpecConfig
 from .persistence import STATE_VERSION, load_adapter, lora_keys, save_adapter
 from .stats import OnlineStats
 from .vocab import VocabGrowth, set_draft_vocab
 
 
-class OnlineSpecAdapter:
-    """LoRA adapter(s) on `drafter`, updated online from verification feedback. See the module docstring.
+class OnlineSpecAdapter(OnlineObserver):
+    """LoRA adapter(s) on `drafter`, updated online from verification feedback. See the module docstring. Decoding
+    engines call its `on_round` / `on_request_end` hooks (`online/observer.py`).
 
     Args:
         drafter: an `AdaFlashDrafterModel` (its weights stay untouched).

@@ -409,7 +409,7 @@ def test_learning_works_under_inference_mode():
 
 @pytest.mark.parametrize("mode", ["request", "background"])
 def test_online_bench_reports_learning_cost_over_time_and_stays_lossless(mode):
-    from adaflash_hf.bench.online import print_online, run_online_bench
+    from adaflash_hf.bench.online import markdown_online, print_online, run_online_bench
 
     from .test_bench import RECORDS, CharTokenizer
 
@@ -433,6 +433,10 @@ def test_online_bench_reports_learning_cost_over_time_and_stays_lossless(mode):
     assert ogd["speed_vs_static"] > 0 and static["tau_vs_static"] == 1.0
     assert drafter.runtime is None  # the bench served copies: the drafter it was given is untouched
     print_online(result)
+    table = markdown_online(result)
+    assert sum(line.startswith("| ogd | ") for line in table) == 1 + len(ogd["segments"])  # summary + one per block
+    assert len(ogd["segments"]) == 9  # the domain changes every request: 9 blocks of one request
+    assert sum(line.startswith(f"| {w['requests'][0]}-") for w in ogd["over_time"] for line in table) == 3
 
 
 def test_online_plot(tmp_path):

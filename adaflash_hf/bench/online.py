@@ -204,6 +204,47 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
     return result
 
 
+def markdown_online(result: dict) -> list[str]:
+    """Markdown tables of a bench: per algorithm (learning time on and off the serving path), per block of one
+    domain vs static, and tau / tokens/s per window of requests over time."""
+    algos, stream = result["algorithms"], result["stream"]
+    row = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"  # noqa: E731
+    lines = [f"{stream['requests']} requests ({' -> '.join(stream['domains'])}), {stream['max_new_tokens']} new tokens "
+             f"each, update mode {stream['update_mode']}, {stream['path']}; {stream.get('served', '')}.", "",
+             row(["algorithm", "tau", "tok/s", "vs static", "learning ms/request (all)", "on the serving path",
+                  "tok/s if all learning were on the serving path (derived)", "updates", "vocab added",
+                  "identical"]), row(["---"] * 10)]
+    for name, e in algos.items():
+        learn = e.get("learning_ms_per_request") or {}
+        seconds = sum(r["seconds"] for r in e.get("per_request", [])) or None
+        on_path = "-"
+        if learn and seconds:  # the worker's time moved onto the serving thread (what update_mode="request" costs)
+            extra = (learn["total"] - learn["critical_path"]) * e["total"] / 1e3
+            on_path = f"{sum(r['new_tokens'] for r in e['per_request']) / (seconds + extra):.1f}"
+        lines.append(row([name, f"{e['tau']:.3f}", f"{e['tokens_per_s']:.2f}", f"{e.get('speed_vs_static', 1):.3f}x",
+                          f"{learn['total']:.0f}" if learn else "-", f"{learn['critical_path']:.0f}" if learn else "-",
+                          on_path, e.get("updates", "-"), e.get("vocab_added", "-"), f"{e['identical']}/{e['total']}"]))
+    lines += ["", row(["algorithm", "block", "requests", "tau (vs static)", "tok/s (vs static)", "last requests",
+                       "tau (vs static)", "tok/s (vs static)"]), row(["---"] * 8)]
+    for name, e in algos.items():
+        for g in e.get("segments", []):
+            last = g["last"]
+            lines.append(row([name, g["domain"], f"{g['span'][0]}-{g['span'][1]}",
+                              f"{g['tau']:.3f} ({g.get('tau_vs_static', 1):.3f}x)",
+                              f"{g['tokens_per_s']:.2f} ({g.get('speed_vs_static', 1):.3f}x)", f"last {last['tail']}",
+                              f"{last['tau']:.3f} ({last.get('tau_vs_static', 1):.3f}x)",
+                              f"{last['tokens_per_s']:.2f} ({last.get('speed_vs_static', 1):.3f}x)"]))
+    names = list(algos)
+    windows = [w["requests"] for w in algos[names[0]]["over_time"]]
+    lines += ["", row(["requests", "domain", *[f"{n} tau" for n in names], *[f"{n} tok/s" for n in names]]),
+              row(["---"] * (2 + 2 * len(names)))]
+    for i, span in enumerate(windows):
+        ws = [algos[n]["over_time"][i] for n in names]
+        lines.append(row([f"{span[0]}-{span[1]}", ws[0]["domain"], *[f"{w['tau']:.3f}" for w in ws],
+                          *[f"{w['tokens_per_s']:.2f}" for w in ws]]))
+    return lines
+
+
 def print_online(result: dict) -> None:
     stream = result["stream"]
     print(f"stream: {stream['requests']} requests over {stream['domains']} ({stream['path']}, update mode "
@@ -282,6 +323,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--output", type=Path, default=None, help="write the JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write tau and tokens/s over time (PNG) here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the tables (per algorithm, block, window) here")
 
 
 def main(args) -> dict:
@@ -302,7 +344,10 @@ def main(args) -> dict:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:
         plot_online(result, args.plot)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text("\n".join(markdown_online(result)) + "\n")
     return result
 
 
-__all__ = ["ALGORITHMS", "online_config", "plot_online", "print_online", "run_online_bench", "shift_stream"]
+__all__ = ["ALGORITHMS", "markdown_online", "online_config", "plot_online", "print_online", "run_online_bench", "shift_stream"]

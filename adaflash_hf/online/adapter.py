@@ -27,16 +27,14 @@ The adapter lives in the drafter's runtime (`SpeculationRuntime.online_adapter`)
 
 import math
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from peft.functional import delete_adapter, inject_adapter_in_model, set_adapter
-from peft.tuners.tuners_utils import BaseTunerLayer
 
 from ..generation.runtime import SpeculationRuntime
+from . import lora
 from .background import BackgroundUpdates
 from .feedback import RoundFeedback, SequenceFeedback, feedback_from_state, feedback_state, round_loss, sequence_loss
 from .learners import Hedge, OnlineLearner
@@ -64,22 +62,10 @@ class OnlineSpecAdapter(OnlineObserver):
         self.drafter = drafter
         self.config = config or OnlineSpecConfig()
         names = self.config.adapter_names
-        lora = self.config.lora_config()
-        # Only the LoRA matrices learn: PEFT freezes the drafter's own weights; `detach` restores these flags.
-        self._frozen = [p for p in drafter.parameters() if p.requires_grad]
-        # PEFT leaves `peft_config` on the model: `detach` restores what was there (usually nothing).
-        config_before = vars(drafter).get("peft_config", _MISSING)
-        self._peft_config = (config_before, dict(config_before) if isinstance(config_before, dict) else None)
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # ensembles: on purpose
-            torch.manual_seed(self.config.seed)
-            for name in names:
-                inject_adapter_in_model(lora, drafter, adapter_name=name)
-        self.lora_config = lora
-        for n, p in drafter.named_parameters():
-            if "lora_" not in n:
-                p.requires_grad_(False)
-        self._layers = [m for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+        self.lora_config = self.config.lora_config()
+        # Only the LoRA matrices learn (PEFT freezes the drafter's own weights); `detach` undoes all of it.
+        self._undo = lora.inject(drafter, self.lora_config, names, self.config.seed)
+        self._layers = lora.lora_layers(drafter)
         if not self._layers:
             raise ValueError(f"no drafter module matches target_modules={self.config.target_modules}.")
         self._base_scaling = {name: self._layers[0].scaling[name] for name in names}
@@ -88,7 +74,7 @@ class OnlineSpecAdapter(OnlineObserver):
         self.trainee, self._train_layers, self.worker = drafter, self._layers, None
         if self.config.update_mode == "background":
             self.trainee = _shadow_copy(drafter)
-            self._train_layers = [m for m in self.trainee.modules() if isinstance(m, BaseTunerLayer)]
+            self._train_layers = lora.lora_layers(self.trainee)
             self.worker = BackgroundUpdates()
         self.vocab = VocabGrowth(self.config.vocab_growth, self.config.vocab_min_count)
         self._requests = 0
@@ -119,31 +105,15 @@ class OnlineSpecAdapter(OnlineObserver):
         self.finish()
         self.vocab.restore(self.drafter)
         self.trainee, self._train_layers, self.worker = self.drafter, [], None
-        for name, module in list(self.drafter.named_modules()):
-            for child_name, child in list(module.named_children()):
-                if isinstance(child, BaseTunerLayer):
-                    setattr(module, child_name, child.get_base_layer())
+        lora.remove(self.drafter, self._undo)
         self._layers = []
-        for p in self._frozen:
-            p.requires_grad_(True)
-        before, entries = self._peft_config
-        if before is _MISSING:
-            vars(self.drafter).pop("peft_config", None)
-        else:
-            if isinstance(before, dict):
-                before.clear()
-                before.update(entries)
-            self.drafter.peft_config = before
         if _runtime_adapter(self.drafter) is self:
             self.drafter.runtime.online_adapter = None
 
     def lora_parameters(self, name: str) -> list[torch.Tensor]:
         """The LoRA matrices of adapter `name` in the module that learns (A, B of each wrapped linear, in module
         order; `persistence.lora_keys` names them)."""
-        params = []
-        for layer in self._train_layers:
-            params += [layer.lora_A[name].weight, layer.lora_B[name].weight]
-        return params
+        return lora.parameters(self._train_layers, name)
 
     _params = lora_parameters
 
@@ -159,26 +129,19 @@ class OnlineSpecAdapter(OnlineObserver):
         it is deleted and the adapter(s) are activated for drafting again. The online state is not touched."""
         if name in self._base_scaling:
             raise ValueError(f"adapter {name!r} already exists.")
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Already found a `peft_config`")  # a second adapter, on purpose
-            torch.manual_seed(seed)
-            inject_adapter_in_model(self.lora_config, self.trainee, adapter_name=name)
+        lora.add_scratch(self.trainee, self.lora_config, name, seed)
         self._base_scaling[name] = self._train_layers[0].scaling[name]
         try:
             yield self.lora_parameters(name)
         finally:
-            set_adapter(self.trainee, self.config.adapter_names)
-            delete_adapter(self.trainee, name, prefix="lora_")
+            lora.drop(self.trainee, self.config.adapter_names, name)
             self._base_scaling.pop(name, None)
             self.activate_for_drafting()
 
     def _activate(self, names: list[str], scales: dict[str, float] | None = None, live: bool = False) -> None:
         """Activate adapters `names` (LoRA deltas scaled by `scales`) in the module that learns, or the live one."""
         module, layers = (self.drafter, self._layers) if live else (self.trainee, self._train_layers)
-        set_adapter(module, names)
-        for layer in layers:
-            for name in names:
-                layer.scaling[name] = self._base_scaling[name] * (scales or {}).get(name, 1.0)
+        lora.activate(module, layers, names, self._base_scaling, scales)
 
     def activate_for_drafting(self) -> None:
         """Ensemble `mixture`: every member active, its LoRA delta scaled by its Hedge weight; `leader`: the best."""
@@ -298,11 +261,7 @@ class OnlineSpecAdapter(OnlineObserver):
             self.stats.critical_seconds += time.perf_counter() - start
 
     def _copy_lora(self, source_layers, target_layers) -> None:
-        with torch.no_grad():
-            for source, target in zip(source_layers, target_layers):
-                for name in self.config.adapter_names:
-                    target.lora_A[name].weight.copy_(source.lora_A[name].weight)
-                    target.lora_B[name].weight.copy_(source.lora_B[name].weight)
+        lora.copy(source_layers, target_layers, self.config.adapter_names)
 
     def _sync_trainee(self) -> None:
         """Copy the live drafter's LoRA weights into the shadow that learns (background mode)."""
@@ -544,9 +503,6 @@ def _shadow_copy(drafter):
     finally:
         drafter.runtime = runtime
     return shadow
-
-
-_MISSING = object()
 
 
 def _runtime_adapter(drafter):

@@ -141,3 +141,51 @@ def device_cost(points: dict, draft: float = 0.0):
 
     return TargetCostModel(points=points, draft={b: draft for b in points}, device=device_name("cpu"),
                            dtype="float32", threads=torch.get_num_threads())
+
+
+# ---------------------------------------------------------------------------------- the real testbed model, loaded once
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """`(target, tokenizer)`: the offline testbed model (SmolLM2-135M-Instruct, fp32, eval mode), loaded once for the
+    whole session and shared by every real-model test module (loading it was several seconds per module). Tests
+    must not modify it; each module loads its own drafter (small, and drafters carry per-module knobs)."""
+    from adaflash_hf.testbed import load_testbed
+
+    target, tokenizer = load_testbed(dtype=torch.float32)
+    assert not target.training and not target.generation_config.do_sample
+    return target, tokenizer
+
+
+def chat_inputs(tokenizer, prompt: str) -> dict:
+    """The chat-template inputs of one user message, as the README builds them."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)
+
+
+def plain_greedy_batch(target, tokenizer, prompts: list[str], max_new_tokens: int) -> dict[str, torch.Tensor]:
+    """`{prompt: target.generate(**chat_inputs(tokenizer, prompt), max_new_tokens=..., do_sample=False)}` for every
+    prompt, computed in one left-padded batched `generate` call (one forward per token for all prompts, instead of
+    one per prompt per token), each output cut back to what the unpadded single-prompt call returns: the prompt's
+    own ids, then its new tokens up to and including the first EOS. Each prompt's ids are checked to be exactly the
+    unpadded chat-template ids."""
+    singles = [chat_inputs(tokenizer, p)["input_ids"][0] for p in prompts]
+    width = max(len(ids) for ids in singles)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, ids in enumerate(singles):
+        input_ids[i, width - len(ids):] = ids
+        attention_mask[i, width - len(ids):] = 1
+    with torch.inference_mode():
+        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                              do_sample=False, pad_token_id=pad)
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    result = {}
+    for prompt, ids, row in zip(prompts, singles, out):
+        new = row[width:].tolist()
+        end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        result[prompt] = torch.cat([ids, row[width:width + end]])[None]
+    return result

@@ -69,6 +69,26 @@ def _accelerate(script: str, *args, num_processes: int = 1) -> list[str]:
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(path), *args]
 
 
+def _run_in_process(script: str, args: list[str], monkeypatch, caplog, **env) -> str:
+    """`python examples/<script> ARGS` in this process (`runpy`, `__name__ == "__main__"`, `sys.argv`, the
+    environment variables `env`), for runs whose command-line entry point is already run as a real subprocess by
+    another test here (a fresh interpreter costs seconds of imports). Raises what the script raises (a failing
+    `SystemExit` included); returns the log lines it wrote (INFO and above)."""
+    import logging
+    import runpy
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / "examples" / script), *args])
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        try:
+            runpy.run_path(str(REPO_ROOT / "examples" / script), run_name="__main__")
+        except SystemExit as exc:
+            assert exc.code in (None, 0), f"{script} exited with {exc.code}:\n{caplog.text[-4000:]}"
+    return caplog.text
+
+
 def _check_usage(script: str, result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, f"{script} --help failed:\n{result.stderr[-3000:]}"
     usage = result.stdout
@@ -302,9 +322,10 @@ def test_train_length_head_one_step_under_accelerate_launch(tiny_run):
                        tiny_run["root"] / "length_head_dp", summary, ADAFLASH_HF_CACHE=str(tiny_run["cache"]))
 
 
-def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run):
+def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run, monkeypatch, caplog):
     """The online example serves a prompt stream with the drafter trained above, learns, saves a loadable adapter;
-    `--resume` continues from it."""
+    `--resume` continues from it (run in this process as `python examples/online_adapter.py ARGS` would: the first
+    run is the real `accelerate launch`)."""
     from adaflash_hf import AdaFlashDrafterModel
     from adaflash_hf.online import OnlineSpecAdapter
 
@@ -319,14 +340,17 @@ def test_online_adapter_serves_and_saves_under_accelerate_launch(tiny_run):
     drafter = AdaFlashDrafterModel.from_pretrained(tiny_run["drafter"] / "final", dtype=torch.float32)
     adapter = OnlineSpecAdapter.from_pretrained(drafter, out / "adapter")
     assert adapter.config.algorithm == "ogd"
-    resumed = _run(_accelerate("online_adapter.py", *common, "--max_prompts", "1", "--resume", str(out / "adapter")),
-                   timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    _run_in_process("online_adapter.py", [*common, "--max_prompts", "1", "--resume", str(out / "adapter")],
+                    monkeypatch, caplog)
+    resumed = json.loads((out / "stream.json").read_text())
+    assert len(resumed) == 1 and resumed[0]["learner_rounds"] > 0
 
 
-def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path):
+def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path, monkeypatch, caplog):
     """`train_drafter.py --label_store` on a tiny store: held-out eval curve, best drafter, and the same command
-    with more steps resumes from the last checkpoint with the same draft vocabulary."""
+    with more steps resumes from the last checkpoint with the same draft vocabulary. The scripts run in this
+    process, as `python examples/X.py ARGS` would (`train_drafter.py` and `train_opd.py` run as real subprocesses
+    under `accelerate launch` above)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from adaflash_hf import AdaFlashDrafterModel
@@ -345,17 +369,19 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
     corpus.add_corpus(target, random_chunks(6), progress=False)
 
     out = tmp_path / "drafter"
-    command = [sys.executable, str(REPO_ROOT / "examples" / "train_drafter.py"), "--target", str(target_dir),
+    command = ["--target", str(target_dir),
                "--label_store", "--corpus_ratio", "0.5", "--holdout_permille", "300", "--val_per_domain", "2",
                "--output_dir", str(out), "--num_layers", "1", "--block_size", "4", "--num_context_layers", "2",
                "--num_anchors", "4", "--per_device_train_batch_size", "2", "--draft_vocab_size", "16",
                "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
                "--save_total_limit", "2", "--resume_from_checkpoint", "last", "--disable_tqdm", "true"]
-    recorded = _run([*command, "--record_only"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
-    assert recorded.returncode == 0, recorded.stderr[-4000:]
-    assert "recorded:" in recorded.stderr and not (out / "final").exists()
-    first = _run([*command, "--max_steps", "4"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
-    assert first.returncode == 0, first.stderr[-4000:]
+    def train_drafter(*args) -> str:
+        return _run_in_process("train_drafter.py", [*command, *args], monkeypatch, caplog,
+                               ADAFLASH_HF_CACHE=str(cache))
+
+    recorded = train_drafter("--record_only")
+    assert "recorded:" in recorded and not (out / "final").exists()
+    train_drafter("--max_steps", "4")
     summary = json.loads((out / "final" / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["val_sequences"] == 4
     assert set(summary["data"]["train"]) == {"responses", "corpus"} and set(summary["data"]["val"]) == {"responses"}
@@ -364,9 +390,8 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
     assert len(vocab["token_ids"]) == 16
     assert AdaFlashDrafterModel.from_pretrained(out / "best").config.draft_vocab_size == 16
 
-    second = _run([*command, "--max_steps", "6"], timeout=300, ADAFLASH_HF_CACHE=str(cache))
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resuming from" in second.stderr and "checkpoint-4" in second.stderr
+    second = train_drafter("--max_steps", "6")
+    assert "resuming from" in second and "checkpoint-4" in second
     curve = json.loads((out / "eval_curve.json").read_text())
     assert [p["step"] for p in curve["points"]] == [2, 4, 6]
     assert [r["from_step"] for r in curve["runs"]] == [0, 4]
@@ -377,20 +402,19 @@ def test_train_drafter_from_the_label_store_logs_its_curve_and_resumes(tmp_path)
 
     # OPD from the same store (same held-out slice), under a CPU budget, evaluated by replayed tau too
     opd_out = tmp_path / "opd"
-    opd = _run([sys.executable, str(REPO_ROOT / "examples" / "train_opd.py"), "--target", str(target_dir),
-                "--init_drafter", str(out / "final"), "--label_store", "--corpus_ratio", "0",
-                "--holdout_permille", "300", "--val_per_domain", "2", "--output_dir", str(opd_out),
-                "--max_steps", "2", "--num_anchors", "4", "--per_device_train_batch_size", "2",
-                "--max_cpu_seconds", "600", "--save_strategy", "no", "--disable_tqdm", "true"],
-               timeout=300, ADAFLASH_HF_CACHE=str(cache))
-    assert opd.returncode == 0, opd.stderr[-4000:]
+    _run_in_process("train_opd.py", [
+        "--target", str(target_dir), "--init_drafter", str(out / "final"), "--label_store", "--corpus_ratio", "0",
+        "--holdout_permille", "300", "--val_per_domain", "2", "--output_dir", str(opd_out), "--max_steps", "2",
+        "--num_anchors", "4", "--per_device_train_batch_size", "2", "--max_cpu_seconds", "600",
+        "--save_strategy", "no", "--disable_tqdm", "true"], monkeypatch, caplog, ADAFLASH_HF_CACHE=str(cache))
     opd_summary = json.loads((opd_out / "final" / "training_summary.json").read_text())
     assert opd_summary["steps"] == 2 and opd_summary["compute"]["train_steps_this_run"] == 2
 
 
-def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path):
+def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkeypatch, capsys):
     """`train_campaign.py`: each leg is train_drafter.py with the fixed recipe, resuming from the campaign folder in
-    the cache; `--status` prints the cumulative curve (CPU hours, tau_proxy, replayed tau)."""
+    the cache; `--status` prints the cumulative curve (CPU hours, tau_proxy, replayed tau). Run in this process as
+    `python examples/train_campaign.py --name c1 --status` would (its `--help` runs in a real subprocess above)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("train_campaign", REPO_ROOT / "examples" / "train_campaign.py")
@@ -402,10 +426,11 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path):
         {"step": 250, "train_cpu_seconds": 1800.0, "eval_tau_proxy": 2.1, "eval_replay_tau": 1.61,
          "eval_replay_tau_code": 1.9},
         {"step": 500, "train_cpu_seconds": 3600.0, "eval_tau_proxy": 2.2, "eval_replay_tau": 1.7}]}))
-    status = _run([sys.executable, str(REPO_ROOT / "examples" / "train_campaign.py"), "--name", "c1", "--status"],
-                  ADAFLASH_HF_CACHE=str(tmp_path))
-    assert status.returncode == 0, status.stderr[-2000:]
-    lines = status.stdout.splitlines()
+    monkeypatch.setenv("ADAFLASH_HF_CACHE", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / "examples" / "train_campaign.py"), "--name", "c1", "--status"])
+    capsys.readouterr()
+    campaign.main()
+    lines = capsys.readouterr().out.splitlines()
     assert "2 leg(s)" in lines[0] and lines[-1].split()[:4] == ["500", "1.00", "2.200", "1.700"]
     assert "code 1.90" in lines[-2]
     command = campaign.leg_command("c1", 30, "INIT", ["--seed", "3"])

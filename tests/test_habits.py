@@ -11,26 +11,33 @@ import torch
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.checkpoints import default_drafter_dir
 
+from .conftest import chat_inputs, plain_greedy_batch
+
 
 pytestmark = pytest.mark.slow
 NEW = 16
 
 
 @pytest.fixture(scope="module")
-def testbed():
-    from adaflash_hf.testbed import load_testbed
-
-    target, tokenizer = load_testbed(dtype=torch.float32)
+def testbed(real_target):
+    target, tokenizer = real_target  # loaded once per session (conftest)
     drafter = AdaFlashDrafterModel.from_pretrained(default_drafter_dir(), dtype=torch.float32).eval()
     return target, tokenizer, drafter
 
 
-def _inputs(tokenizer, prompt):
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)
-
+_inputs = chat_inputs
 
 PROMPT = "List the first ten prime numbers, separated by commas, then explain what a prime number is."
+OTHER = "Write a Python function that reverses a string."
+
+
+@pytest.fixture(scope="module")
+def plain(testbed):
+    """`{prompt: target.generate(**inputs, max_new_tokens=NEW, do_sample=False)}` for PROMPT and OTHER, decoded once
+    (in one left-padded batch, cut back to the single-prompt output) and shared by the tests that compare with plain
+    greedy decoding without other knobs."""
+    target, tokenizer, _ = testbed
+    return plain_greedy_batch(target, tokenizer, [PROMPT, OTHER], NEW)
 
 
 def _both(target, drafter, inputs, **kwargs):
@@ -53,12 +60,12 @@ def test_logits_processors_keep_greedy_exact(testbed, knobs):
         assert spec.shape[1] - _inputs(tokenizer, PROMPT)["input_ids"].shape[1] == NEW
 
 
-def test_stop_strings_and_a_list_of_eos_ids(testbed):
+def test_stop_strings_and_a_list_of_eos_ids(testbed, plain):
     target, tokenizer, drafter = testbed
     inputs = _inputs(tokenizer, PROMPT)
     n = inputs["input_ids"].shape[1]
-    with torch.inference_mode():
-        reference = target.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, n:]
+    reference = plain[PROMPT][0, n:]
+    assert len(reference) == NEW  # no EOS within NEW tokens: the stops below are mid-answer
     # a stop string the target writes mid-answer: both stop at the same token
     stop = tokenizer.decode(reference[NEW // 2:NEW // 2 + 1]).strip()
     assert stop, tokenizer.decode(reference)
@@ -70,12 +77,12 @@ def test_stop_strings_and_a_list_of_eos_ids(testbed):
     assert torch.equal(plain, spec) and int(spec[0, -1]) == stop_token and spec.shape[1] <= n + NEW // 2 + 1
 
 
-def test_text_iterator_streamer_in_a_thread(testbed):
+def test_text_iterator_streamer_in_a_thread(testbed, plain):
     from transformers import TextIteratorStreamer
 
     target, tokenizer, drafter = testbed
     inputs = _inputs(tokenizer, PROMPT)
-    plain, _ = _both(target, drafter, inputs, max_new_tokens=NEW)
+    plain = plain[PROMPT]
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=120)
     kwargs = dict(**inputs, max_new_tokens=NEW, do_sample=False, assistant_model=drafter, streamer=streamer)
     thread = threading.Thread(target=target.generate, kwargs=kwargs)
@@ -98,12 +105,11 @@ def test_text_generation_pipeline_with_assistant_model(testbed):
     assert got == expected and got
 
 
-def test_two_threads_decode_with_one_drafter(testbed):
+def test_two_threads_decode_with_one_drafter(testbed, plain):
     target, tokenizer, drafter = testbed
-    prompts = [PROMPT, "Write a Python function that reverses a string."]
+    prompts = [PROMPT, OTHER]
     inputs = [_inputs(tokenizer, p) for p in prompts]
-    with torch.inference_mode():
-        expected = [target.generate(**x, max_new_tokens=NEW, do_sample=False) for x in inputs]
+    expected = [plain[p] for p in prompts]
     results, errors = [None, None], []
 
     def run(i):

@@ -6,15 +6,17 @@ import torch
 from adaflash_hf import AdaFlashDrafterModel
 from adaflash_hf.checkpoints import default_drafter_dir
 
+from .conftest import chat_inputs, plain_greedy_batch
+
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def testbed():
-    from adaflash_hf.testbed import default_eval_prompts, load_testbed
+def testbed(real_target):
+    from adaflash_hf.testbed import default_eval_prompts
 
-    target, tokenizer = load_testbed(dtype=torch.float32)
+    target, tokenizer = real_target  # loaded once per session (conftest)
     path = default_drafter_dir()
     if path is not None:
         drafter = AdaFlashDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
@@ -27,30 +29,26 @@ def testbed():
     return target, tokenizer, drafter, prompts
 
 
-def _inputs(tokenizer, prompt):
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)
+_inputs = chat_inputs
 
-
-PLAIN_TOKENS = 48
+SPEC_TOKENS = 32  # new tokens per speculative call: over a dozen verification rounds a prompt, rejections included
+PLAIN_TOKENS = SPEC_TOKENS
 
 
 @pytest.fixture(scope="module")
 def plain(testbed):
-    """`plain(prompt, n)`: plain greedy `generate` output with `n <= 48` new tokens. Each prompt is decoded once, to
-    48 tokens (greedy: the output for fewer tokens is its prefix, or all of it if EOS came first), and shared by
-    every test here (plain decoding was half of this module's time)."""
-    target, tokenizer, _, _ = testbed
+    """`plain(prompt, n)`: plain greedy `generate` output with `n <= PLAIN_TOKENS` new tokens. Every prompt is decoded
+    once, to PLAIN_TOKENS tokens (greedy: the output for fewer tokens is its prefix, or all of it if EOS came first), in one left-padded
+    batch (`plain_greedy_batch`: cut back to exactly what the single-prompt call returns), shared by every test here
+    (plain decoding was half of this module's time, one prompt at a time)."""
+    target, tokenizer, _, prompts = testbed
     assert not target.generation_config.do_sample  # plain `generate(**inputs)` as the README writes it is greedy
-    cache = {}
+    cache = plain_greedy_batch(target, tokenizer, [r["prompt"] for r in prompts], PLAIN_TOKENS)
 
     def get(prompt: str, n: int) -> torch.Tensor:
         assert n <= PLAIN_TOKENS
-        inputs = _inputs(tokenizer, prompt)
-        if prompt not in cache:
-            with torch.inference_mode():
-                cache[prompt] = target.generate(**inputs, max_new_tokens=PLAIN_TOKENS, do_sample=False)
-        return cache[prompt][:, :inputs["input_ids"].shape[1] + n]
+        prompt_len = _inputs(tokenizer, prompt)["input_ids"].shape[1]
+        return cache[prompt][:, :prompt_len + n]
 
     return get
 
@@ -58,19 +56,25 @@ def plain(testbed):
 @pytest.mark.parametrize("path", [None, "dflash"])
 def test_greedy_speculative_equals_plain_on_eval_prompts(testbed, plain, path):
     target, tokenizer, drafter, prompts = testbed
-    accepted = 0
+    accepted, drafted, rounds = 0, 0, []
     with torch.inference_mode():
         # ours on every prompt; transformers' native path (its own generator, our weights) on one per domain
         for record in prompts if path is None else prompts[::2]:
             inputs = _inputs(tokenizer, record["prompt"])
-            reference = plain(record["prompt"], 40)
-            out = target.generate(**inputs, max_new_tokens=40, do_sample=False, assistant_model=drafter,
+            reference = plain(record["prompt"], SPEC_TOKENS)
+            out = target.generate(**inputs, max_new_tokens=SPEC_TOKENS, do_sample=False, assistant_model=drafter,
                                   speculation_type=path, tokenizer=tokenizer, return_dict_in_generate=True)
             assert torch.equal(out.sequences, reference), f"[{record['domain']}] {record['prompt'][:80]!r}"
             if path is None:
-                accepted += sum(out.speculation_stats.accepted)
-    if path is None and default_drafter_dir() is not None:
-        assert accepted > 0  # the shipped drafter is trained: its drafts are accepted on real prompts
+                stats = out.speculation_stats
+                accepted, drafted = accepted + sum(stats.accepted), drafted + sum(stats.drafted)
+                rounds.append(stats.rounds)
+    if path is None:
+        # every prompt took several verification rounds, and drafts were rejected along the way: the exactness
+        # above covers rejections and corrections, not only fully accepted blocks
+        assert min(rounds) >= 6 and drafted > accepted, (rounds, drafted, accepted)
+        if default_drafter_dir() is not None:
+            assert accepted > 0  # the shipped drafter is trained: its drafts are accepted on real prompts
 
 
 def test_sampling_runs_on_the_real_model(testbed):
@@ -109,7 +113,7 @@ import adaflash_hf  # registers the drafter with the Auto classes and teaches ge
 from adaflash_hf import AdaFlashDrafterModel
 
 drafter = AdaFlashDrafterModel.from_pretrained(DRAFTER)
-out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=48)   # same text, fewer target forwards
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=32)   # same text, fewer target forwards
 """
 
 
@@ -125,14 +129,14 @@ def test_readme_recipe_with_the_shipped_drafter_as_written(testbed, plain):
         exec(README_RECIPE, scope)
         drafter = scope["drafter"]
         assert drafter.dtype == torch.bfloat16 and target.dtype == torch.float32
-        reference = plain(record["prompt"], 48)  # = target.generate(**inputs, max_new_tokens=48)
+        reference = plain(record["prompt"], 32)  # = target.generate(**inputs, max_new_tokens=32)
         assert torch.equal(scope["out"], reference), record["prompt"][:80]
-        native = target.generate(**inputs, assistant_model=drafter, max_new_tokens=48, speculation_type="dflash")
+        native = target.generate(**inputs, assistant_model=drafter, max_new_tokens=32, speculation_type="dflash")
         assert torch.equal(native, reference), record["prompt"][:80]
 
 
 REMOTE_REAL = """
-import sys, torch
+import json, sys, torch
 sys.modules["adaflash_hf"] = None  # adaflash_hf not installed: transformers only
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 drafter = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
@@ -144,13 +148,17 @@ plain = target.generate(**inputs, max_new_tokens=32, do_sample=False)
 spec = target.generate(**inputs, max_new_tokens=32, do_sample=False, assistant_model=drafter,
                        speculation_type="dflash")
 assert drafter.dtype == torch.bfloat16 and torch.equal(plain, spec)
+# the shared reference of this module (one left-padded batch) is this process's single-prompt plain output
+assert plain[0].tolist() == json.loads(sys.argv[4]), (plain[0].tolist(), sys.argv[4])
 print("REMOTE_REAL_OK")
 """
 
 
-def test_readme_recipe_without_the_package_installed(testbed, tmp_path):
+def test_readme_recipe_without_the_package_installed(testbed, plain, tmp_path):
     """`AutoModel.from_pretrained(folder, trust_remote_code=True)` + `speculation_type="dflash"`, in a process
-    where `import adaflash_hf` fails, on the shipped folder as it is installed."""
+    where `import adaflash_hf` fails, on the shipped folder as it is installed. Its plain output also checks this
+    module's batched references against a single-prompt `generate` in a fresh process."""
+    import json
     import subprocess
     import sys
 
@@ -162,7 +170,9 @@ def test_readme_recipe_without_the_package_installed(testbed, tmp_path):
     _, _, _, prompts = testbed
     script = tmp_path / "remote.py"
     script.write_text(REMOTE_REAL)
-    result = subprocess.run([sys.executable, str(script), str(path), str(ensure_converted()), prompts[0]["prompt"]],
+    expected = json.dumps(plain(prompts[0]["prompt"], 32)[0].tolist())
+    result = subprocess.run([sys.executable, str(script), str(path), str(ensure_converted()), prompts[0]["prompt"],
+                             expected],
                             capture_output=True, text=True, timeout=600,
                             env={"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
                                  "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),

@@ -65,14 +65,20 @@ def test_every_anchor_drafts_equal_one_block_per_anchor():
 
 
 @pytest.mark.slow
-def test_replayed_tau_equals_served_tau_on_the_real_model():
+def test_replayed_tau_equals_served_tau_on_the_real_model(real_target):
     """The shipped drafter alone, greedy fp32, on held-out prompts: replay and serving take the same rounds."""
-    from adaflash_hf.bench.models import bench_records, load_models
+    from adaflash_hf import AdaFlashDrafterModel
+    from adaflash_hf.bench.models import bench_records
     from adaflash_hf.bench.runner import method_setup
+    from adaflash_hf.checkpoints import default_drafter_dir
     from adaflash_hf.generation.runtime import decoding_setup
     from adaflash_hf.testbed.prompts import encode_prompt
 
-    target, tokenizer, drafter = load_models(device="cpu")
+    # what `bench.models.load_models(device="cpu")` loads: the testbed target (shared, loaded once per session) and
+    # the shipped drafter, both fp32
+    target, tokenizer = real_target
+    drafter = AdaFlashDrafterModel.from_pretrained(default_drafter_dir(), dtype=torch.float32).eval()
+    drafter.check_compatible(target, tokenizer)
     knobs, runtime = method_setup(drafter, "drafter_only")
     served, replayed, same = [], [], 0
     records = bench_records(max_per_domain=2)

@@ -330,11 +330,9 @@ def test_repair_generation_config_sets_end_tokens_and_greedy():
 
 # ----------------------------------------------------------------------------------- slow tests
 @pytest.fixture(scope="module")
-def real_testbed():
-    import torch
-
-    torch.manual_seed(0)
-    return testbed.load_testbed()
+def real_testbed(real_target):
+    """`testbed.load_testbed()` (fp32 by default), as loaded once per session by the conftest."""
+    return real_target
 
 
 @pytest.mark.slow

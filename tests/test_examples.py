@@ -3,8 +3,11 @@ script's help in one process each way), and real tiny runs (a few training steps
 `train_opd.py` and `train_length_head.py` on its drafter, under `accelerate launch --cpu --num_processes 1`, and
 data-parallel under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPUs): the same loss, one save.
 
-Everything runs in subprocesses (as on the command line), offline, on tiny random Llama targets saved to a folder
-with a character-level tokenizer; the testbed is not used. New scripts in `examples/` are picked up automatically.
+Every script's entry point runs in real subprocesses (as on the command line), offline, on tiny random Llama targets
+saved to a folder with a character-level tokenizer; the testbed is not used. Further runs of a script whose command
+line is already exercised that way (the label-store runs, `--resume`, `--status`) run in this process as
+`python examples/X.py ARGS` would (`runpy`), which spares a fresh interpreter's imports each. New scripts in
+`examples/` are picked up automatically.
 """
 
 import json

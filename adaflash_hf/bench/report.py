@@ -122,7 +122,10 @@ def verdict_c(data: dict) -> tuple[str, str]:
         return "not tested", "the stream has no unseen block followed by known ones"
     unseen = lambda e: e["segments"][0]["last"]  # noqa: E731
 
-    def known_tau(e):
+    def known_tau(e):  # pooled over the rounds of every request after the unseen block
+        after = e.get("per_request", [])[e["segments"][0]["span"][1]:]
+        if after:
+            return sum(r["accepted"] for r in after) / max(sum(r["rounds"] for r in after), 1) + 1
         rounds = [(s["tau"] - 1, s["requests"]) for s in e["segments"][1:]]
         return sum(t * n for t, n in rounds) / max(sum(n for _, n in rounds), 1) + 1
 

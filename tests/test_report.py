@@ -249,6 +249,9 @@ def test_rerunning_one_section_keeps_the_others_from_the_earlier_report(tmp_path
     summary = again.split("## Summary", 1)[1].split("## (a)", 1)[0]
     assert summary.count("| (") == 4 and summary.count("**held**") == 3  # (c) now held, (b) still did not
     assert "| sections kept from an earlier run | (a), (b), (d):" in again and "aaa1111" in again
+    third = report.write_report({"c": ok(online_data({"static": 1.3, "ogd": 1.6}))}, {**HEADER, "commit": "ccc3333"},
+                                tmp_path, keep_other_sections=True).read_text()
+    assert "aaa1111" in third.split("## Summary")[0]  # kept twice: still credited to the run that measured them
     # without the flag the other sections say they were not run
     plain = report.write_report({"c": ok(online_data({"static": 1.3}))}, HEADER, tmp_path).read_text()
     assert plain.count("not selected with --sections") == 3

@@ -327,7 +327,11 @@ def _earlier_report(path: Path) -> tuple[dict[str, list[str]], dict[str, str], s
             rows[line[3]] = line
         if key:
             blocks[key].append(line)
-    cells = dict(re.findall(r"^\| (date \(UTC\)|git commit) \| (.*) \|$", "\n".join(lines), re.M))
+    text = "\n".join(lines)
+    kept = re.search(r"^\| sections kept from an earlier run \| [^:]*: (.*) \|$", text, re.M)
+    if kept:  # sections it kept itself keep their own origin (a report regenerated twice does not lose it)
+        return blocks, rows, kept.group(1)
+    cells = dict(re.findall(r"^\| (date \(UTC\)|git commit) \| (.*) \|$", text, re.M))
     return blocks, rows, f"{cells.get('date (UTC)', '?')}, commit {cells.get('git commit', '?')}"
 
 

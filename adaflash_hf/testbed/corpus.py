@@ -69,6 +69,15 @@ def _order(key: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ code
+def _functions(tree: ast.Module):
+    """`(qualname, node)` of the module-level functions and the methods of module-level classes."""
+    scopes = [(None, tree.body)] + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
+    for class_name, body in scopes:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield (node.name if class_name is None else f"{class_name}.{node.name}"), node
+
+
 def cut_eval_functions(module: str, source_text: str, is_eval: Callable[[str, str], bool] = _is_eval) -> str:
     """`source_text` of a prompt-mined stdlib module without the functions whose prompts are in the eval split.
 
@@ -81,16 +90,11 @@ def cut_eval_functions(module: str, source_text: str, is_eval: Callable[[str, st
                   if is_eval("python-stdlib", f"{module}:{qualname}")}
     if not eval_names:
         return source_text
-    tree = ast.parse(source_text)
     spans = []
-    scopes = [(None, tree.body)] + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
-    for class_name, body in scopes:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                qualname = node.name if class_name is None else f"{class_name}.{node.name}"
-                if qualname in eval_names:
-                    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                    spans.append((first - 1, node.end_lineno))
+    for qualname, node in _functions(ast.parse(source_text)):
+        if qualname in eval_names:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            spans.append((first - 1, node.end_lineno))
     lines = source_text.splitlines(keepends=True)
     drop = set()
     for start, end in spans:
@@ -106,14 +110,8 @@ def eval_function_signatures(modules: dict[str, str], is_eval: Callable[[str, st
     signatures = set()
     for module, text in modules.items():
         eval_names = {q for q, _ in _function_prompts(module, text) if is_eval("python-stdlib", f"{module}:{q}")}
-        tree = ast.parse(text)
-        scopes = [(None, tree.body)] + [(n.name, n.body) for n in tree.body if isinstance(n, ast.ClassDef)]
-        for class_name, body in scopes:
-            for node in body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    qualname = node.name if class_name is None else f"{class_name}.{node.name}"
-                    if qualname in eval_names:
-                        signatures.add((node.name, ast.get_docstring(node) or ""))
+        signatures.update((node.name, ast.get_docstring(node) or "") for qualname, node in _functions(ast.parse(text))
+                          if qualname in eval_names)
     return signatures
 
 

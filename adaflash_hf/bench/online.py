@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..generation.batch import run_knobs
 from ..generation.cost_model import synchronize
 from ..testbed.prompts import encode_prompt
+from ..utils.speculation import tau
 from .models import DEVICES
 from .runner import DRAFTER_ONLY
 
@@ -94,7 +95,7 @@ def _windows(rows: list[dict], size: int) -> list[dict]:
         chunk = rows[start : start + size]
         accepted = [a for r in chunk for a in r["accepted"]]
         out.append({"requests": [start, start + len(chunk)], "domain": chunk[0]["domain"],
-                    "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+                    "tau": tau(accepted),
                     "tokens_per_s": sum(r["new_tokens"] for r in chunk) / sum(r["seconds"] for r in chunk)})
     return out
 
@@ -102,7 +103,7 @@ def _windows(rows: list[dict], size: int) -> list[dict]:
 def _pooled(rows: list[dict]) -> dict:
     """tau (pooled over rounds) and tokens/s of some served requests."""
     accepted = [a for r in rows for a in r["accepted"]]
-    return {"requests": len(rows), "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+    return {"requests": len(rows), "tau": tau(accepted),
             "tokens_per_s": sum(r["new_tokens"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-9)}
 
 
@@ -161,10 +162,10 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
         accepted = [a for r in rows for a in r["accepted"]]
         seconds = sum(r["seconds"] for r in rows)
         entry = {
-            "tau": (sum(accepted) / len(accepted) + 1) if accepted else 0.0,
+            "tau": tau(accepted),
             "tokens_per_s": sum(r["new_tokens"] for r in rows) / seconds,
             "over_time": _windows(rows, window),
-            "tau_over_time": [(sum(r["accepted"]) / len(r["accepted"]) + 1) if r["accepted"] else 0.0 for r in rows],
+            "tau_over_time": [tau(r["accepted"]) for r in rows],
             "segments": _segments(rows),
             "per_request": [{"rounds": len(r["accepted"]), "accepted": sum(r["accepted"]),
                              "new_tokens": r["new_tokens"], "seconds": r["seconds"]} for r in rows],

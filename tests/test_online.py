@@ -509,3 +509,38 @@ def test_the_gate_measures_the_static_drafter_on_the_new_request():
     assert adapter.stats.gains[0] == pytest.approx(0.0, abs=1e-6) and len(adapter.stats.gains) == adapter.stats.updates
     # later gains are the static loss minus the online loss, both on the request before learning from it
     assert any(abs(g) > 1e-6 for g in adapter.stats.gains[1:])
+
+
+@pytest.mark.parametrize("algorithm", ["ogd", "ensemble"])
+def test_the_static_drafter_drafts_while_the_adapter_does_not_pay(monkeypatch, algorithm):
+    """`fallback_window`: after requests on which the adapter's loss was above the static drafter's, the live drafter
+    drafts with every LoRA delta off (exactly the drafter without adapter), learning goes on, and the adapter drafts
+    again once its recent gains are positive. Outputs stay those of plain greedy throughout."""
+    target = make_tiny_target(seed=6)
+    drafter = _drafter(target, seed=6)
+    adapter = OnlineSpecAdapter.attach(drafter, OnlineSpecConfig(algorithm=algorithm, learning_rate=0.05,
+                                                                 fallback_window=2, gate_window=100))
+    gains = iter([1.0, -5.0, -5.0, 1.0, 1.0, 1.0, 1.0])  # what the adapter is worth on each new request, scripted
+    monkeypatch.setattr(OnlineSpecAdapter, "_gate", lambda self, fb, head, online: self._learn_interval(next(gains)))
+    layers = [m for m in drafter.modules() if isinstance(m, BaseTunerLayer)]
+    probe = (target.get_input_embeddings()(_prompt(seed=99, length=4)), torch.randn(1, 5, len(drafter.config.target_layer_ids) * target.config.hidden_size),
+             torch.arange(9)[None])
+    static_states, live = [], []
+    for i in range(7):
+        prompt = _prompt(seed=i)
+        out = target.generate(prompt, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+        assert torch.equal(out, target.generate(prompt, max_new_tokens=12, do_sample=False))
+        live.append(adapter.drafts_static)  # how the next request is drafted
+        if adapter.drafts_static:
+            assert all(layer.scaling[name] == 0 for layer in layers for name in adapter.config.adapter_names)
+            with torch.no_grad():
+                static_states.append(drafter(noise_embeds=probe[0], context_hidden_states=probe[1],
+                                             position_ids=probe[2]).last_hidden_state)
+    # gains 1 | -5 -5 1 | 1: the sum of the last two is negative after requests 1, 2 and 3
+    assert live == [False, True, True, True, False, False, False]
+    assert adapter.stats.updates == 7 and adapter.stats.static_requests == 3  # requests 2, 3, 4 were drafted static
+    assert any(b.abs().sum() > 0 for b in adapter._params(adapter.config.adapter_names[-1])[1::2])  # it learned on
+    adapter.detach()
+    with torch.no_grad():
+        base = drafter(noise_embeds=probe[0], context_hidden_states=probe[1], position_ids=probe[2]).last_hidden_state
+    assert all(torch.equal(s, base) for s in static_states)

@@ -64,6 +64,9 @@ def _serve_one(target, tokenizer, drafter, record, max_new_tokens) -> dict:
     """Serve one request (plain greedy when `drafter` is None): its output, seconds and drafter-round statistics."""
     ids = torch.tensor([encode_prompt(tokenizer, record["prompt"])], device=target.device)
     kwargs = {"assistant_model": drafter, "return_dict_in_generate": True} if drafter is not None else {}
+    runtime = getattr(drafter, "runtime", None)
+    adapter = runtime.online_adapter if runtime is not None else None
+    static_before = adapter.stats.static_requests if adapter is not None else 0
     synchronize(target.device)
     start = time.perf_counter()
     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
@@ -73,7 +76,9 @@ def _serve_one(target, tokenizer, drafter, record, max_new_tokens) -> dict:
     stats, out = (out.speculation_stats, out.sequences) if drafter is not None else (None, out)
     return {"output": out.cpu(), "new_tokens": out.shape[1] - ids.shape[1], "seconds": seconds,
             "accepted": list(stats.accepted) if stats else [], "domain": record["domain"],
-            "proposers": list(stats.proposers) if stats else []}
+            "proposers": list(stats.proposers) if stats else [],
+            # drafted by the static drafter while the adapter did not pay (`OnlineSpecConfig.fallback_window`)
+            "static": adapter is not None and adapter.stats.static_requests > static_before}
 
 
 def _serve_interleaved(target, tokenizer, drafters: dict, records, max_new_tokens, progress) -> dict[str, list]:
@@ -115,6 +120,7 @@ def _segments(rows: list[dict], tail: int = 100) -> list[dict]:
         if i == len(rows) or rows[i]["domain"] != rows[start]["domain"]:
             chunk = rows[start:i]
             out.append({"domain": chunk[0]["domain"], "span": [start, i], **_pooled(chunk),
+                        "drafted_static": sum(r.get("static", False) for r in chunk),
                         "last": {"tail": min(tail, len(chunk)), **_pooled(chunk[-tail:])}})
             start = i
     return out
@@ -168,7 +174,8 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
             "tau_over_time": [tau(r["accepted"]) for r in rows],
             "segments": _segments(rows),
             "per_request": [{"rounds": len(r["accepted"]), "accepted": sum(r["accepted"]),
-                             "new_tokens": r["new_tokens"], "seconds": r["seconds"]} for r in rows],
+                             "new_tokens": r["new_tokens"], "seconds": r["seconds"], "static": r["static"]}
+                            for r in rows],
             "domains_over_time": [r["domain"] for r in rows],
             "identical": sum(torch.equal(r["output"], p["output"]) for r, p in zip(rows, plain)),
             "total": len(rows), "rounds": len(accepted),
@@ -179,6 +186,7 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
             stats = adapter.stats
             entry.update(
                 updates=stats.updates, rollbacks=len(stats.rollbacks), vocab_added=stats.vocab_added,
+                static_requests=stats.static_requests,
                 positions_per_update=sum(stats.positions) / max(len(stats.positions), 1),
                 learning_ms_per_request={"critical_path": 1e3 * stats.critical_seconds / len(rows),
                                          "total": 1e3 * stats.update_seconds / len(rows)},
@@ -225,12 +233,13 @@ def markdown_online(result: dict) -> list[str]:
         lines.append(row([name, f"{e['tau']:.3f}", f"{e['tokens_per_s']:.2f}", f"{e.get('speed_vs_static', 1):.3f}x",
                           f"{learn['total']:.0f}" if learn else "-", f"{learn['critical_path']:.0f}" if learn else "-",
                           on_path, e.get("updates", "-"), e.get("vocab_added", "-"), f"{e['identical']}/{e['total']}"]))
-    lines += ["", row(["algorithm", "block", "requests", "tau (vs static)", "tok/s (vs static)", "last requests",
-                       "tau (vs static)", "tok/s (vs static)"]), row(["---"] * 8)]
+    lines += ["", row(["algorithm", "block", "requests", "drafted static", "tau (vs static)", "tok/s (vs static)",
+                       "last requests", "tau (vs static)", "tok/s (vs static)"]), row(["---"] * 9)]
     for name, e in algos.items():
         for g in e.get("segments", []):
             last = g["last"]
             lines.append(row([name, g["domain"], f"{g['span'][0]}-{g['span'][1]}",
+                              g.get("drafted_static", "-") if name != "static" else "all",
                               f"{g['tau']:.3f} ({g.get('tau_vs_static', 1):.3f}x)",
                               f"{g['tokens_per_s']:.2f} ({g.get('speed_vs_static', 1):.3f}x)", f"last {last['tail']}",
                               f"{last['tau']:.3f} ({last.get('tau_vs_static', 1):.3f}x)",

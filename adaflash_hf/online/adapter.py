@@ -144,16 +144,27 @@ class OnlineSpecAdapter(OnlineObserver):
         lora.activate(module, layers, names, self._base_scaling, scales)
 
     def activate_for_drafting(self) -> None:
-        """Ensemble `mixture`: every member active, its LoRA delta scaled by its Hedge weight; `leader`: the best."""
+        """Ensemble `mixture`: every member active, its LoRA delta scaled by its Hedge weight; `leader`: the best.
+        Every delta off (the static drafter) while the adapter does not pay (`drafts_static`)."""
         names = self.config.adapter_names
         live = self.trainee is not self.drafter
-        if len(names) == 1:
+        self._static_live = self.drafts_static  # read by the serving thread only (the worker may append gains)
+        if self._static_live:
+            self._activate(names, dict.fromkeys(names, 0.0), live=live)
+        elif len(names) == 1:
             self._activate(names, live=live)
         elif self.config.ensemble_mode == "leader":
             self._activate([names[self.hedge.leader]], live=live)
         else:
             self._activate(names, dict(zip(names, self.hedge.weights)), live=live)
 
+
+    @property
+    def drafts_static(self) -> bool:
+        """Whether the static drafter drafts: the adapter's loss on the last `fallback_window` served requests was
+        higher on average than the static drafter's (`stats.gains`, measured by the `learn_while_paying` gate)."""
+        window = self.config.fallback_window
+        return window > 0 and sum(self.stats.gains[-window:]) < 0
 
     # ------------------------------------------------------------------------------------------------ learning
     @property
@@ -208,6 +219,7 @@ class OnlineSpecAdapter(OnlineObserver):
         request's update is copied into the live drafter first (`online/background.py`)."""
         start = time.perf_counter()
         self._requests += 1
+        self.stats.static_requests += self._static_live  # how the live drafter served this request
         result = {"loss": None, "updated": False, "rolled_back": False}
         if self.worker is not None:
             self.worker.wait()

@@ -53,6 +53,11 @@ class OnlineSpecConfig:
             has not been lower on average over the last `gate_window` updates, it learns from every 2nd, 4th, ...
             request (at most every `gate_max_interval`-th), and from every request again as soon as it pays.
         gate_window (`int`), gate_max_interval (`int`): see `learn_while_paying`.
+        fallback_window (`int`): sequence modes with `learn_while_paying`: draft with the static drafter (every LoRA
+            delta off) while the adapter's loss on the last `fallback_window` served requests, each measured before
+            learning from it, was higher on average than the static drafter's; learning goes on meanwhile, and the
+            adapter drafts again as soon as it pays. What was learnt on one kind of traffic then costs nothing when
+            another kind comes back (0: always draft with the adapter).
         update_every (`int`): update every n feedbacks (rounds, or requests in the sequence modes; the gradients of
             the feedbacks in between are averaged).
         replay_window (`int`): also replay this many most recent rounds in every update (0: the current round only).
@@ -90,6 +95,7 @@ class OnlineSpecConfig:
     learn_while_paying: bool = True
     gate_window: int = 8
     gate_max_interval: int = 16
+    fallback_window: int = 4
     update_every: int = 1
     replay_window: int = 0
     context_window: int = 64
@@ -128,6 +134,8 @@ class OnlineSpecConfig:
             errors.append("an ensemble needs at least two ensemble_lr_factors")
         if any(f < 0 for f in self.ensemble_lr_factors):
             errors.append("ensemble_lr_factors must be >= 0")
+        if self.fallback_window < 0:
+            errors.append(f"fallback_window must be >= 0, got {self.fallback_window}")
         if self.vocab_growth < 0:
             errors.append(f"vocab_growth must be >= 0, got {self.vocab_growth}")
         for name in ("update_every", "context_window", "lora_r", "rollback_window", "anchors_per_update",

@@ -16,6 +16,7 @@ class OnlineStats:
     updates: int = 0
     positions: list[int] = field(default_factory=list)  # drafted positions each update learned from
     gains: list[float] = field(default_factory=list)  # static loss - adapter loss on each new request (gated modes)
+    static_requests: int = 0  # served requests drafted by the static drafter (`fallback_window`)
     skipped: int = 0  # served requests not learned from (learning was not paying)
     vocab_added: int = 0  # tokens appended to the draft vocabulary (`online/vocab.py`)
     rollbacks: list[int] = field(default_factory=list)  # rounds at which a rollback happened

@@ -119,6 +119,20 @@ def test_verdict_c_needs_gains_on_unseen_traffic_no_forgetting_and_no_slowdown()
     assert report.verdict_c(no_blocks)[0] == "not tested"
 
 
+def test_table_c_reads_known_domains_as_the_verdict_does():
+    """The table's "known after" column is the verdict's figure: pooled over every request after the unseen block
+    (two known blocks here, the second one worse for ogd), not the first known block alone."""
+    data = online_data({"static": 1.3, "ogd": 1.6}, known={"static": 1.8, "ogd": 1.8})
+    for name, per_request in (("static", [(10, 8), (10, 8)]), ("ogd", [(10, 8), (10, 4)])):  # (rounds, accepted)
+        entry = data["algorithms"][name]
+        entry["segments"].append({**entry["segments"][1], "span": [250, 260], "domain": "prose"})
+        entry["per_request"] = [{"rounds": 5, "accepted": 3}] * 200 + [{"rounds": r, "accepted": a}
+                                                                       for r, a in per_request]
+    known = [line for line in report.table_c(data) if line.startswith("| ogd")][0].split(" | ")[5]
+    assert known == f"{12 / 20 + 1:.3f} ({(12 / 20 + 1) / (16 / 20 + 1):.2f}x)"
+    assert f"tau {(12 / 20 + 1) / (16 / 20 + 1):.3f}x static" in report.verdict_c(data)[1]
+
+
 def test_verdict_d_needs_speedup_and_identical():
     assert report.verdict_d(speedup_data(1.24))[0] == "held"
     assert report.verdict_d(speedup_data(0.95))[0] == "did not hold"

@@ -160,3 +160,39 @@ def test_both_engines_draft_through_the_one_proposer(monkeypatch):
     assert len(blocks["bs1"]) == stats.proposers.count("drafter") > 0 and len(common) >= len(blocks["bs1"]) - 1
     for anchor in common:
         torch.testing.assert_close(blocks["bs1"][anchor], blocks["batch"][anchor], atol=1e-5, rtol=1e-5)
+
+
+def test_both_engines_look_up_through_the_one_proposer(monkeypatch):
+    """Hybrid bs=1 `generate` and `generate_batch` both take lookup continuations from `LookupProposer`; at bs=1 each
+    one equals transformers' `PromptLookupCandidateGenerator` on the same sequence (cut to the round's budget), and
+    the output is plain greedy's."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    target = make_tiny_target(seed=45)
+    drafter = build_drafter(target, block_size=BLOCK, seed=45, hybrid_lookup=True)
+    prompt = [5, 6, 7, 8, 9] * 4 + [5, 6]  # repetitive: lookup matches from the first round
+    propose, calls = LookupProposer.propose, {"bs1": [], "batch": []}
+    engine = ["bs1"]
+
+    def recording(self, rows):
+        found = propose(self, rows)
+        length = int(self.lookup.lengths[rows.state.prompt_idx[0]])
+        calls[engine[0]].append((self.lookup.tokens[rows.state.prompt_idx[0], :length].clone(), rows.budgets[0],
+                                 found.drafts[0, : found.lengths_list()[0]].tolist()))
+        return found
+
+    monkeypatch.setattr(LookupProposer, "propose", recording)
+    max_new = 16
+    out, stats = speculate(target, torch.tensor([prompt]), drafter, max_new_tokens=max_new, do_sample=False)
+    assert out[0, len(prompt):].tolist() == _reference(target, prompt, max_new)
+    knobs = drafter.generation_config
+    for sequence, budget, proposed in calls["bs1"]:
+        matcher = PromptLookupCandidateGenerator(num_output_tokens=knobs.prompt_lookup_num_tokens,
+                                                 max_matching_ngram_size=knobs.max_matching_ngram_size,
+                                                 max_length=len(prompt) + max_new)
+        candidates, _ = matcher.get_candidates(sequence[None])
+        assert proposed == candidates[0, len(sequence) : len(sequence) + budget].tolist()
+    assert calls["bs1"] and any(proposed for _, _, proposed in calls["bs1"]) and "lookup" in stats.proposers
+    engine[0] = "batch"
+    assert generate_batch(target, drafter, [prompt], max_new) == [_reference(target, prompt, max_new)]
+    assert calls["batch"]

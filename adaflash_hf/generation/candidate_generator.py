@@ -9,9 +9,9 @@ verify lengths and drafted tokens as `generate_batch`). On top it:
 
 * reads its knobs from the drafter's `generation_config` (`AdaFlashGenerationConfig`) and its runtime components
   (length head, cost model, online adapter, proposal policy) from the drafter's `SpeculationRuntime`;
-* chooses each round's proposal (drafter block, n-gram lookup through transformers' own
-  `PromptLookupCandidateGenerator`, or none) and verify length with the same `ProposalPolicy` / `LengthChooser` as
-  the batched engine, called with one row;
+* chooses each round's proposal (drafter block, the row's n-gram lookup continuation through the engines' one
+  `proposers.LookupProposer`, or none) and verify length with the same `ProposalPolicy` / `LengthChooser` as the
+  batched engine, called with one row;
 * never proposes past `max_length` (the native generator always proposes `block_size - 1` tokens);
 * runs a drafter whose dtype or device differs from the target's (e.g. a bf16 drafter beside an fp32 target);
 * treats non-finite drafted logits as rejected drafts (the draft ends before them), so a broken drafter cannot
@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
 from .batch_state import BatchState
 from .cost_model import cost_model_for
 from .drafting import LengthChooser
+from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
-from .proposers import BlockDraftProposer, DraftRows, Proposals
+from .proposers import BlockDraftProposer, DraftRows, LookupProposer, Proposals
 from .ragged_cache import RaggedCache
 from .runtime import generation_config_of, runtime_of
 from .sampler import SpeculativeSampler
@@ -72,12 +73,9 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats = stats if stats is not None else SpeculationStats()
         self.max_drafts = min(self.block_size - 1, knobs.num_assistant_tokens or self.block_size)
         self.policy = runtime.policy_for_call(knobs)  # the runtime's, or a copy of it ("transient" schedule)
-        self.lookup = None
-        if knobs.hybrid_lookup:  # transformers' own n-gram lookup over the prompt + generated text
-            self.lookup = PromptLookupCandidateGenerator(
-                eos_token_id=generation_config._eos_token_tensor, num_output_tokens=knobs.prompt_lookup_num_tokens,
-                max_matching_ngram_size=knobs.max_matching_ngram_size, max_length=generation_config.max_length,
-                logits_processor=logits_processor, vocab_size=self.vocab_size)
+        self.lookup: LookupProposer | None = None  # the row's n-gram lookup (hybrid), built on the prompt
+        self._eos = generation_config._eos_token_tensor  # lookup continuations end before an EOS
+        self._looked_up = 0  # tokens of the sequence the lookup buffer holds
         self._cost = None
         self.lengths = LengthChooser(knobs.length_policy, runtime.length_head, None, self.block_size,
                                      knobs.assistant_confidence_threshold)
@@ -120,6 +118,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         start = time.perf_counter()
         if is_first_iteration:  # the loop's first forward is the target's prefill
             self._prompt_len = input_ids.shape[1]
+            self._start_lookup(input_ids)
             return input_ids, None
         self._collect_context(input_ids, model_kwargs, model_outputs, n_last_matches)
         if self._deferred is not None:  # logits processors were active: learn from the raw logits of last round
@@ -131,12 +130,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if budget <= 0:  # the target still runs one forward for its own next token: a round with no draft
             return self._propose(input_ids, None, "none", start)
 
-        lookup_ids = None
-        if self.lookup is not None:
-            candidate_ids, _ = self.lookup.get_candidates(input_ids)
-            if candidate_ids.shape[1] > input_ids.shape[1]:
-                lookup_ids = candidate_ids[:, : input_ids.shape[1] + budget]
-        lookup_len = 0 if lookup_ids is None else lookup_ids.shape[1] - input_ids.shape[1]
+        lookup_ids, lookup_len = self._look_up(input_ids, budget)
         allow = self.knobs.allow_no_draft
         arm = self.policy.choose([0], [lookup_len], [budget], self.cost_model() if allow else None,
                                  allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None)
@@ -157,6 +151,28 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         # Processed draft logits only when the loop reads them (sampling, processors); plain greedy needs none.
         logits = None if proposals.logits is None else proposals.logits.to(input_ids.device)
         return self._propose(candidate_ids, logits, "drafter", start)
+
+    def _start_lookup(self, input_ids: torch.Tensor) -> None:
+        """Hybrid: the row's lookup buffer over the prompt (the batched engine's `BatchLookup`, one row)."""
+        if not self.knobs.hybrid_lookup:
+            return
+        eos = self._eos
+        buffer = BatchLookup([input_ids[0].tolist()], self.main_model_max_length - input_ids.shape[1],
+                             self.knobs.prompt_lookup_num_tokens, self.knobs.max_matching_ngram_size,
+                             set() if eos is None else set(eos.view(-1).tolist()), input_ids.device)
+        self.lookup, self._looked_up = LookupProposer(buffer), input_ids.shape[1]
+
+    def _look_up(self, input_ids: torch.Tensor, budget: int) -> tuple[torch.Tensor | None, int]:
+        """`(input_ids + the row's lookup continuation, its length)`, or `(None, 0)` without a match. The tokens
+        committed since the last round are appended to the lookup buffer first."""
+        if self.lookup is None:
+            return None, 0
+        new = input_ids[:, self._looked_up :]
+        self.lookup.lookup.append(self._row.prompt_tensor, new, torch.tensor([new.shape[1]], device=new.device))
+        self._looked_up = input_ids.shape[1]
+        found = self.lookup.propose(DraftRows(self._row, [budget], [0]))
+        n = found.lengths_list()[0]
+        return (torch.cat([input_ids, found.drafts[:, :n].to(input_ids.device)], dim=-1), n) if n else (None, 0)
 
     def _propose(self, candidate_ids, candidate_logits, source: str, start: float):
         """Book-keeping shared by every kind of round; returns what the loop expects."""

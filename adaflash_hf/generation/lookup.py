@@ -1,13 +1,16 @@
 # Copyright 2026 The adaflash_hf authors. Licensed under the Apache License, Version 2.0.
-"""Hybrid proposals in the batched engine: each row's n-gram prompt-lookup continuation, for all rows at once.
+"""Hybrid proposals in both engines: each row's n-gram prompt-lookup continuation, for all rows at once.
 
 Every round, each row looks its last tokens up in its own prompt + generated text, exactly as transformers'
-`PromptLookupCandidateGenerator` does at batch size 1 (the bs=1 generator uses that class itself): for n from
-`max_ngram` down to 1, the first (leftmost) earlier occurrence of the row's last n tokens that has a continuation
-gives up to `num_tokens` following tokens, cut before the first EOS (a row whose first match yields nothing after
-the cut proposes nothing). `BatchLookup` does this for every row in a few tensor operations on the device, over a
-preallocated token buffer that the engine appends each round's committed tokens to (no per-row Python, no
-re-tokenised lists in the hot loop); `tests/test_batch_hybrid.py` checks it against transformers' matcher.
+`PromptLookupCandidateGenerator` does at batch size 1: for n from `max_ngram` down to 1, the first (leftmost) earlier
+occurrence of the row's last n tokens that has a continuation gives up to `num_tokens` following tokens, cut before
+the first EOS (a row whose first match yields nothing after the cut proposes nothing). Written here because
+transformers' class takes one row and re-scans a Python-sliced sequence per call: `BatchLookup` does every row in a
+few tensor operations on the device, over a preallocated token buffer that the engine appends each round's committed
+tokens to. The bs=1 generator uses it for its one row, so both engines share one lookup (`LookupProposer`);
+`tests/test_batch_hybrid.py` and `tests/test_proposers.py` check it against transformers' matcher. Unlike that
+class it does not pre-screen continuations with the call's logits processors: a token they forbid is rejected by
+verification instead (never committed).
 
 Which rows verify their lookup continuation, and whether a round drafts at all, is decided by the one
 `ProposalPolicy` (`generation/policy.py`) both engines share. Lookup proposals are deterministic: greedy rows keep

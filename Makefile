@@ -22,11 +22,17 @@ fetch: $(STAMP)
 demo: fetch
 	$(PY) examples/generate.py
 
+# The suite runs on every core (pytest-xdist, one torch thread per worker: the tiny models are latency-bound, so
+# two single-threaded workers do twice the work of one two-threaded process); a test module stays on one worker, so
+# its module fixtures (the real target's drafters, the tiny training runs) are built once. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= auto
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadscope
+
 test: fetch
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests
+	$(PYTEST) tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # Reruns the benches behind the claims and writes docs/results.md + docs/results_*.png (QUICK=1: ~15 min on 2 cores).
 report: fetch

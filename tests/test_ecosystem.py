@@ -107,7 +107,7 @@ def test_core_dependencies_are_small_and_extras_cover_the_optional_modules():
     for module, extra in EXTRAS.items():
         line = next(line for line in extras.splitlines() if line.startswith(f"{extra} = "))
         assert f'"{module}' in line, (module, extra)
-    assert 'dev = ["adaflash-hf[train,online,bench,testbed]", "pytest"]' in extras
+    assert 'dev = ["adaflash-hf[train,online,bench,testbed]", "pytest", "pytest-xdist>=3.5"]' in extras
     assert '".[dev]"' in (REPO_ROOT / "Makefile").read_text()  # make demo / make test install everything
 
 

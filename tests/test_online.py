@@ -434,8 +434,9 @@ def test_online_bench_reports_learning_cost_over_time_and_stays_lossless(mode):
     assert drafter.runtime is None  # the bench served copies: the drafter it was given is untouched
     print_online(result)
     table = markdown_online(result)
-    assert sum(line.startswith("| ogd | ") for line in table) == 1 + len(ogd["segments"])  # summary + one per block
-    assert len(ogd["segments"]) == 9  # the domain changes every request: 9 blocks of one request
+    assert len(ogd["segments"]) == 9  # the domain changes every request: 9 blocks of one request, pooled in the
+    mixed = [line for line in table if line.startswith("| ogd | mixed: ")]  # tables as one mixed stretch
+    assert sum(line.startswith("| ogd | ") for line in table) == 2 and len(mixed) == 1 and "| 0-9 |" in mixed[0]
     assert sum(line.startswith(f"| {w['requests'][0]}-") for w in ogd["over_time"] for line in table) == 3
 
 

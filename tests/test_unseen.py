@@ -2,7 +2,7 @@
 
 import pytest
 
-from adaflash_hf.bench.online import _segments
+from adaflash_hf.bench.online import _mixed_spans, _segments, _windows, markdown_online
 from adaflash_hf.testbed import DOMAINS, read_prompts_jsonl, split_of
 from adaflash_hf.testbed.__main__ import main as run_testbed_cli
 from adaflash_hf.testbed.unseen import sql_requests, unseen_stream
@@ -46,3 +46,23 @@ def test_segments_pool_each_contiguous_domain_run_and_its_tail():
     assert sql["last"]["tail"] == 2 and sql["last"]["tau"] == pytest.approx(6 / 3 + 1)
     assert sql["tokens_per_s"] == pytest.approx(11 / 3)
     assert code["tau"] == pytest.approx(1 / 4 + 1) and code["last"]["requests"] == 2
+
+
+def test_short_domain_runs_are_one_mixed_stretch_in_the_tables():
+    """A known tail cycling through domains (runs of one request) is one pooled row, with its ratio to static."""
+    def rows(accepted):
+        return [{"domain": d, "accepted": [a], "new_tokens": a + 1, "seconds": 1.0, "static": i >= 13}
+                for i, (d, a) in enumerate([("sql", 1)] * 12 + list(zip(["code", "math", "chat"] * 2, accepted)))]
+
+    per_request = lambda rs: [{"rounds": 1, "accepted": sum(r["accepted"]), "new_tokens": r["new_tokens"],  # noqa: E731
+                               "seconds": r["seconds"], "static": r["static"]} for r in rs]
+    algos = {}
+    for name, accepted in (("static", [2] * 6), ("ogd", [1] * 6)):
+        rs = rows(accepted)
+        algos[name] = {"tau": 2.0, "tokens_per_s": 2.0, "identical": 18, "total": 18, "segments": _segments(rs),
+                       "per_request": per_request(rs), "over_time": _windows(rs, 6)}
+    assert _mixed_spans(algos["ogd"]["segments"]) == [(12, 18, ["code", "math", "chat"])]
+    result = {"algorithms": algos, "stream": {"requests": 18, "domains": ["sql", "code", "math", "chat"],
+                                              "max_new_tokens": 4, "update_mode": "background", "path": "drafter"}}
+    mixed = [line for line in markdown_online(result) if "mixed" in line]
+    assert len(mixed) == 2 and "| ogd | mixed: code/math/chat | 12-18 | 5 | 2.000 (0.667x) |" in mixed[1]

@@ -213,6 +213,32 @@ def run_online_bench(target, tokenizer, drafter, algorithms=ALGORITHMS, records:
     return result
 
 
+MIN_BLOCK = 2  # a domain changing every request is one "mixed" stretch in the tables (its runs pooled together)
+
+
+def _mixed_spans(segments: list[dict]) -> list[tuple[int, int, list[str]]]:
+    """Consecutive runs shorter than `MIN_BLOCK` requests (e.g. a known tail cycling through four domains), merged:
+    `(start, end, domains)` per merged stretch."""
+    out = []
+    for g in segments:
+        if g["requests"] >= MIN_BLOCK:
+            continue
+        if out and out[-1][1] == g["span"][0]:
+            start, _, domains = out[-1]
+            out[-1] = (start, g["span"][1], domains + [g["domain"]] * (g["domain"] not in domains))
+        else:
+            out.append((g["span"][0], g["span"][1], [g["domain"]]))
+    return out
+
+
+def _pooled_requests(entry: dict, start: int, end: int) -> dict:
+    """tau (pooled over rounds), tokens/s and requests drafted static of requests `start:end` (`per_request`)."""
+    rows = entry["per_request"][start:end]
+    return {"tau": sum(r["accepted"] for r in rows) / max(sum(r["rounds"] for r in rows), 1) + 1,
+            "tokens_per_s": sum(r["new_tokens"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-9),
+            "static": sum(r.get("static", False) for r in rows)}
+
+
 def markdown_online(result: dict) -> list[str]:
     """Markdown tables of a bench: per algorithm (learning time on and off the serving path), per block of one
     domain vs static, and tau / tokens/s per window of requests over time."""
@@ -235,8 +261,11 @@ def markdown_online(result: dict) -> list[str]:
                           on_path, e.get("updates", "-"), e.get("vocab_added", "-"), f"{e['identical']}/{e['total']}"]))
     lines += ["", row(["algorithm", "block", "requests", "drafted static", "tau (vs static)", "tok/s (vs static)",
                        "last requests", "tau (vs static)", "tok/s (vs static)"]), row(["---"] * 9)]
+    static = algos.get("static")
     for name, e in algos.items():
         for g in e.get("segments", []):
+            if g["requests"] < MIN_BLOCK:
+                continue
             last = g["last"]
             lines.append(row([name, g["domain"], f"{g['span'][0]}-{g['span'][1]}",
                               g.get("drafted_static", "-") if name != "static" else "all",
@@ -244,6 +273,13 @@ def markdown_online(result: dict) -> list[str]:
                               f"{g['tokens_per_s']:.2f} ({g.get('speed_vs_static', 1):.3f}x)", f"last {last['tail']}",
                               f"{last['tau']:.3f} ({last.get('tau_vs_static', 1):.3f}x)",
                               f"{last['tokens_per_s']:.2f} ({last.get('speed_vs_static', 1):.3f}x)"]))
+        for start, end, domains in _mixed_spans(e.get("segments", [])):
+            mine, ref = _pooled_requests(e, start, end), _pooled_requests(static or e, start, end)
+            lines.append(row([name, "mixed: " + "/".join(domains), f"{start}-{end}",
+                              mine["static"] if name != "static" else "all",
+                              f"{mine['tau']:.3f} ({mine['tau'] / ref['tau']:.3f}x)",
+                              f"{mine['tokens_per_s']:.2f} ({mine['tokens_per_s'] / ref['tokens_per_s']:.3f}x)",
+                              "-", "-", "-"]))
     names = list(algos)
     windows = [w["requests"] for w in algos[names[0]]["over_time"]]
     lines += ["", row(["requests", "domain", *[f"{n} tau" for n in names], *[f"{n} tok/s" for n in names]]),

@@ -164,3 +164,15 @@ def test_draft_positions_and_tau_are_defined_once():
     assert draft_positions(torch.tensor([5]), vocab, fill=-100).tolist() == [-100]
     assert draft_positions(torch.tensor([4, 1]), None).tolist() == [4, 1]
     assert tau([0, 2, 1]) == 2.0 and tau([]) == 0.0
+
+
+def test_pooled_tau_pools_rounds_not_requests():
+    """Per-request counts pool over rounds: the same number as `tau` over the concatenated rounds, which a mean of
+    per-request taus is not (the bench tables and report (c) both read this one helper)."""
+    from adaflash_hf.utils.speculation import pooled_tau, tau
+
+    rounds = [[0, 2, 1], [3], [0, 0, 0, 0]]
+    rows = [{"accepted": sum(r), "rounds": len(r)} for r in rounds]
+    assert pooled_tau(rows) == tau([a for r in rounds for a in r]) == 1.75
+    assert pooled_tau(rows) != sum(tau(r) for r in rounds) / len(rounds)
+    assert pooled_tau([]) == 0.0 and pooled_tau([{"accepted": 0, "rounds": 0}]) == 0.0

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..generation.batch import run_knobs
 from ..generation.cost_model import synchronize
 from ..testbed.prompts import encode_prompt
-from ..utils.speculation import tau
+from ..utils.speculation import pooled_tau, tau
 from .models import DEVICES
 from .runner import DRAFTER_ONLY
 
@@ -234,7 +234,7 @@ def _mixed_spans(segments: list[dict]) -> list[tuple[int, int, list[str]]]:
 def _pooled_requests(entry: dict, start: int, end: int) -> dict:
     """tau (pooled over rounds), tokens/s and requests drafted static of requests `start:end` (`per_request`)."""
     rows = entry["per_request"][start:end]
-    return {"tau": sum(r["accepted"] for r in rows) / max(sum(r["rounds"] for r in rows), 1) + 1,
+    return {"tau": pooled_tau(rows),
             "tokens_per_s": sum(r["new_tokens"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-9),
             "static": sum(r.get("static", False) for r in rows)}
 

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 
 from ..checkpoints import LENGTH_HEAD, OPD_DRAFTER
+from ..utils.speculation import pooled_tau
 from .args import cost_model_file, existing_dir, positive_int
 from .models import DEVICES
 
@@ -113,7 +114,7 @@ def _known_after_tau(e: dict) -> float:
     every request after it (from the block means where an older JSON has no per-request rows)."""
     after = e.get("per_request", [])[e["segments"][0]["span"][1]:]
     if after:
-        return sum(r["accepted"] for r in after) / max(sum(r["rounds"] for r in after), 1) + 1
+        return pooled_tau(after)
     rounds = [(s["tau"] - 1, s["requests"]) for s in e["segments"][1:]]
     return sum(t * n for t, n in rounds) / max(sum(n for _, n in rounds), 1) + 1
 

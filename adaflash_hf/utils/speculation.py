@@ -6,7 +6,7 @@
 * `tau`: tokens committed per verification round from per-round accepted-draft counts.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -31,4 +31,12 @@ def tau(accepted: Iterable[int | float]) -> float:
     return sum(accepted) / len(accepted) + 1.0 if accepted else 0.0
 
 
-__all__ = ["draft_positions", "tau"]
+def pooled_tau(rows: Iterable[Mapping[str, int]]) -> float:
+    """`tau` pooled over the rounds of several requests, from per-request counts (`{"accepted": total accepted
+    drafted tokens, "rounds": verification rounds}`); `0.0` without rounds."""
+    rows = list(rows)
+    rounds = sum(r["rounds"] for r in rows)
+    return sum(r["accepted"] for r in rows) / rounds + 1.0 if rounds else 0.0
+
+
+__all__ = ["draft_positions", "pooled_tau", "tau"]

@@ -35,7 +35,7 @@ def test_calibration_measures_rows_1_and_b_and_widths_1_and_the_block():
     target.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)),
                                      with_kwargs=True)
     cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 8), context_length=16, repeats=3,
-                                     budget_s=0.0, progress=False)
+                                     budget_s=0.0, progress=False, attempts=1)
     assert {b: sorted(row) for b, row in cost.points.items()} == {1: [1, 5], 8: [1, 5]} and sorted(cost.draft) == [1, 8]
     # budget 0: every point is one run; each batch size prefills ONE row of context (then repeated to b rows)
     assert forwards == [(1, 16), (1, 1), (1, 5), (1, 16), (8, 1), (8, 5)]
@@ -190,3 +190,61 @@ def test_library_code_never_imports_the_testbed():
                 for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.ImportFrom)}
     assert not [(f, m) for f, m in imported if "testbed" in m]
     assert testbed_cache.cache_dir is library_cache.cache_dir  # the testbed builds on the library's helper
+
+
+# A measurement taken while the machine was busy (found in a real cache: one row, 1 token slower than 8 tokens and
+# than 16 rows): a forward never gets cheaper with more tokens or more rows.
+DISTURBED = {1: {1: 1.350, 8: 1.019}, 16: {1: 0.141, 8: 0.351}}
+CLEAN = {1: {1: 0.050, 8: 0.091}, 16: {1: 0.141, 8: 0.351}}
+
+
+def test_inconsistencies_name_the_points_that_contradict_the_shape_of_a_forward():
+    disturbed = TargetCostModel(points=DISTURBED, draft={1: 0.129, 16: 0.041})
+    found = disturbed.inconsistencies()
+    assert any(p.startswith("1x8 ") for p in found) and any(p.startswith("16x1 ") for p in found)
+    assert any(p.startswith("drafting 16 rows") for p in found)
+    assert TargetCostModel(points=CLEAN, draft={1: 0.005, 16: 0.041}).inconsistencies() == []
+    # flat costs (an accelerator: 1-16 tokens x 1-64 rows cost about the same) and sub-millisecond noise are fine
+    assert TargetCostModel(points={1: {1: 0.0200, 16: 0.0195}, 64: {1: 0.0199, 16: 0.0210}}).inconsistencies() == []
+    assert TargetCostModel(points={1: {1: 0.0015, 8: 0.0004}}).inconsistencies() == []
+
+
+def test_a_disturbed_calibration_is_measured_again_keeping_each_points_fastest_time(monkeypatch, caplog):
+    target, drafter = _pair()
+    runs = [DISTURBED, {1: {1: 0.060, 8: 0.090}, 16: {1: 0.500, 8: 0.340}}]  # the second is disturbed elsewhere
+
+    def fake(cls, target, drafter, num_tokens, batch_sizes, *args, seed):
+        return _fake_model(runs.pop(0), target, drafter)
+
+    monkeypatch.setattr(TargetCostModel, "_measure", classmethod(fake))
+    with caplog.at_level("WARNING", logger=cost_module.__name__):
+        cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 16), progress=False)
+    assert runs == [] and "disturbed" in caplog.text
+    assert cost.points == {1: {1: 0.060, 8: 0.090}, 16: {1: 0.141, 8: 0.340}} and cost.inconsistencies() == []
+    assert cost.measurements == 2
+
+
+def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
+    target, drafter = _pair()
+    _fake_model(DISTURBED, target, drafter).save(cache_path(target, drafter))
+    calls = []
+
+    def fake(cls, target, drafter=None, batch_sizes=(1,), **kwargs):
+        calls.append(list(batch_sizes))
+        return _fake_model({b: CLEAN[b] for b in batch_sizes}, target, drafter)
+
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
+    assert cost_model_for(target, drafter, batch_sizes=(1, 16), calibrate=False) is None  # never used as it is
+    cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
+    assert calls == [[1, 16]] and cost.points == CLEAN
+    assert TargetCostModel.load(cache_path(target, drafter)).points == CLEAN
+    # rows added later that contradict the cached ones: every size is measured again
+    _fake_model({1: {1: 0.5, 8: 0.9}}, target, drafter).save(cache_path(target, drafter))
+    cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
+    assert calls == [[1, 16], [16], [1, 16]] and cost.points == CLEAN
+    # still inconsistent after every attempt (a jittery device): used as measured, not measured on every load
+    jittery = _fake_model(DISTURBED, target, drafter)
+    jittery.measurements = cost_module.CALIBRATION_ATTEMPTS
+    jittery.save(cache_path(target, drafter))
+    assert cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False).points == DISTURBED
+    assert len(calls) == 3

@@ -29,6 +29,11 @@ generator (the global RNG, and so the seeded outputs of the call that calibrates
 a time per cache file: `cost_model_for` holds an `fcntl` lock next to it; a thread or process that waited reads
 what the first one wrote. `adaflash-hf calibrate` measures ahead of serving.
 
+A forward never gets cheaper with more tokens or more rows, so a measurement that says otherwise was taken while
+something else ran (`inconsistencies()`; one such cache file had a one-token forward at 1350 ms against 37 ms, which
+made every plain round look dearer than a drafted one). `calibrate` measures a disturbed model again, keeping each
+point's fastest time, and `cost_model_for` measures a cached one again instead of deciding with it.
+
 `verify_lengths(survival, budgets, cost, ...)` is the one length rule of both engines (bs=1 is `b = 1`): the padded
 verify forward costs the same for every row, so all rows verify `min(M, budget_r)` drafted tokens with the `M`
 maximising the batch's expected committed tokens per second of round time
@@ -38,6 +43,7 @@ maximising the batch's expected committed tokens per second of round time
 where `S_r(k)` is the length head's survival (P(the first k drafted tokens of row r are all accepted)).
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -55,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_NUM_TOKENS = (1, 2, 4, 8, 16)
 POINT_BUDGET_S = 1.0  # a point whose first run takes longer is timed once
+# A forward never gets cheaper with more tokens or more rows. A measured point below SLACK x a narrower (or smaller)
+# one, by more than ABS_S, means the machine was busy while the narrower one ran: the calibration is disturbed.
+MONOTONE_SLACK, MONOTONE_ABS_S = 0.8, 2e-3
+CALIBRATION_ATTEMPTS = 3
 
 
 def synchronize(device) -> None:
@@ -102,6 +112,9 @@ class TargetCostModel:
         device, dtype, threads: what the numbers were measured on (`device_name`, e.g. "cpu", "cuda:NVIDIA H200").
         key: fingerprint of the target/drafter shapes the numbers describe (`cost_key`).
         assumptions: what the numbers do not come from a measurement of (e.g. an assumed drafting step).
+        measurements: how many measurements each point is the fastest of (`calibrate` repeats a disturbed one;
+            0: not recorded). A cached model that is inconsistent after every attempt is trusted (the device
+            jitters); one with fewer is measured again.
         implicit: loaded beside a checkpoint rather than passed by the user: applied only on the device it
             describes (never saved; module docstring).
     """
@@ -115,6 +128,7 @@ class TargetCostModel:
     key: str = ""
     description: str = ""
     assumptions: str = ""
+    measurements: int = 0
     implicit: bool = field(default=False, compare=False)  # arrived beside a checkpoint, not passed by the user
 
     def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
@@ -169,12 +183,33 @@ class TargetCostModel:
             return False
         return True
 
+    def inconsistencies(self) -> list[str]:
+        """Measured points that contradict how a forward's cost grows: a wider verify or more rows (or a drafting
+        step for more rows) timed below `MONOTONE_SLACK` x a narrower / smaller one, by more than `MONOTONE_ABS_S`.
+        Such a model was measured while something else ran; empty when consistent."""
+        def compare(table: dict, label) -> list[str]:
+            keys = sorted(table)
+            return [f"{label(hi)} {table[hi] * 1e3:.1f} ms < {label(lo)} {table[lo] * 1e3:.1f} ms"
+                    for i, hi in enumerate(keys) for lo in keys[:i]
+                    if table[hi] < MONOTONE_SLACK * table[lo] and table[lo] - table[hi] > MONOTONE_ABS_S]
+
+        found = [p for b, row in sorted(self.points.items()) for p in compare(row, lambda n, b=b: f"{b}x{n}")]
+        for n in self.num_tokens():
+            found += compare({b: row[n] for b, row in self.points.items() if n in row}, lambda b, n=n: f"{b}x{n}")
+        return found + compare(self.draft, lambda b: f"drafting {b} rows")
+
+    def merged_min(self, other: "TargetCostModel") -> "TargetCostModel":
+        """Per point, the faster of two measurements of the same setup (interference only ever adds time)."""
+        points = {b: {n: min(t, other.points.get(b, {}).get(n, t)) for n, t in row.items()}
+                  for b, row in self.points.items()}
+        draft = {b: min(t, other.draft.get(b, t)) for b, t in self.draft.items()}
+        return dataclasses.replace(self, points=points, draft=draft, measurements=self.measurements + 1)
+
     # ------------------------------------------------------------------------------------------------ measuring
     @classmethod
-    @torch.inference_mode()
     def calibrate(cls, target, drafter=None, num_tokens=None, batch_sizes=(1,), context_length: int = 256,
-                  repeats: int = 3, budget_s: float = POINT_BUDGET_S, progress: bool = True,
-                  seed: int = 0) -> "TargetCostModel":
+                  repeats: int = 3, budget_s: float = POINT_BUDGET_S, progress: bool = True, seed: int = 0,
+                  attempts: int = CALIBRATION_ATTEMPTS) -> "TargetCostModel":
         """Time target verify forwards (and drafting steps, with `drafter`) on the target's device.
 
         Args:
@@ -184,8 +219,27 @@ class TargetCostModel:
                 point took `budget_s` seconds, and the warm-up alone when it took that long.
             progress: show a progress bar over the points.
             seed: of the private generator drawing the random inputs (the global RNG is not touched).
+            attempts: a measurement with `inconsistencies()` (the machine was busy) is repeated, up to this many
+                times in all, keeping each point's fastest time; what is still inconsistent is logged.
         The device is synchronized before every clock read.
         """
+        args = (target, drafter, num_tokens, batch_sizes, context_length, repeats, budget_s, progress)
+        model = cls._measure(*args, seed=seed)
+        model.measurements = 1
+        while model.measurements < attempts and model.inconsistencies():
+            logger.warning("cost model calibration disturbed (%s): measuring again (%d/%d)",
+                           "; ".join(model.inconsistencies()), model.measurements + 1, attempts)
+            model = model.merged_min(cls._measure(*args, seed=seed + model.measurements))
+        if model.inconsistencies():
+            logger.warning("cost model still inconsistent after %d measurements: %s", attempts,
+                           "; ".join(model.inconsistencies()))
+        return model
+
+    @classmethod
+    @torch.inference_mode()
+    def _measure(cls, target, drafter, num_tokens, batch_sizes, context_length, repeats, budget_s, progress,
+                 seed: int) -> "TargetCostModel":
+        """One measurement of every point (`calibrate`'s arguments)."""
         from transformers import DynamicCache
 
         device = target.device
@@ -265,6 +319,7 @@ class TargetCostModel:
         return {"points": self.points, "draft": self.draft, "context_length": self.context_length,
                 "device": self.device, "dtype": self.dtype, "threads": self.threads, "key": self.key,
                 "description": self.description, **({"assumptions": self.assumptions} if self.assumptions else {}),
+                **({"measurements": self.measurements} if self.measurements else {}),
                 "interpolated": self.interpolated()}
 
     def save(self, path) -> None:
@@ -284,7 +339,8 @@ class TargetCostModel:
         return cls(points=points, draft=draft, context_length=data.get("context_length", 256),
                    device=data.get("device", ""), dtype=data.get("dtype", ""), threads=int(data.get("threads", 0)),
                    key=data.get("key", ""), description=data.get("description", ""),
-                   assumptions=data.get("assumptions", ""), implicit=implicit)
+                   assumptions=data.get("assumptions", ""), measurements=int(data.get("measurements", 0)),
+                   implicit=implicit)
 
 
 def _drafting_step(target, drafter, b: int):
@@ -373,23 +429,41 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
                        candidate.device or "an unknown device", candidate.dtype or "?", candidate.threads or "?",
                        device_name(target.device), dtype, threads)
     path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
-    model = TargetCostModel.load(path) if path.is_file() else None
+    model = _load_consistent(path, quiet=calibrate)  # when it is measured again, the check under the lock says so
     if not calibrate or (model is not None and model.covers(needed, drafts=drafts)):
         return model
     with file_lock(path.with_name(path.name + ".lock"), "waiting for %s: another calibration of this cost model",
                    logger):
-        model = TargetCostModel.load(path) if path.is_file() else None  # written while this one waited?
+        model = _load_consistent(path)  # written while this one waited?
         if model is not None and model.covers(needed, drafts=drafts):
             return model
         start, sizes = time.perf_counter(), sorted({1, needed})
+        if model is not None:
+            model.extend(target, drafter, batch_sizes=sizes, progress=progress)
+            if model.inconsistencies():  # the new rows contradict the cached ones: measure every size again
+                sizes = sorted(set(sizes) | set(model.points))
+                model = None
         if model is None:
             model = TargetCostModel.calibrate(target, drafter, batch_sizes=sizes, progress=progress)
-        else:
-            model.extend(target, drafter, batch_sizes=sizes, progress=progress)
         model.save(path)
     logger.warning("calibrated the target's cost model on %s for batch sizes %s in %.1f s (measured %s, the rest "
                    "interpolated; cached in %s)", model.device, sizes, time.perf_counter() - start,
                    {b: sorted(row) for b, row in sorted(model.points.items())}, path)
+    return model
+
+
+def _load_consistent(path: Path, quiet: bool = False) -> TargetCostModel | None:
+    """The cached model at `path`, or None when there is none or it is inconsistent with fewer than every
+    calibration attempt behind it (measured on a busy machine: logged, and measured again by the caller)."""
+    if not path.is_file():
+        return None
+    model = TargetCostModel.load(path)
+    problems = model.inconsistencies()
+    if problems and model.measurements < CALIBRATION_ATTEMPTS:
+        if not quiet:
+            logger.warning("the cached cost model %s was measured on a busy machine (%s): measuring it again", path,
+                           "; ".join(problems))
+        return None
     return model
 
 

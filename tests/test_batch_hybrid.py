@@ -12,7 +12,7 @@ from adaflash_hf.generation.policy import ProposalPolicy
 from adaflash_hf.generation.proposers import BlockDraftProposer
 from adaflash_hf.online import OnlineSpecAdapter, OnlineSpecConfig
 
-from .conftest import VOCAB, build_drafter, make_tiny_target
+from .conftest import VOCAB, build_drafter, device_cost, make_tiny_target, speculate
 from .test_batch import COST, _prompts, _reference
 
 
@@ -245,3 +245,38 @@ def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid, m
         assert min(adapter.stats.positions) > 8  # every committed position of a request teaches
     assert any(b.abs().sum() > 0 for b in snapshots[0])  # learned during the first call
     assert any(not torch.equal(x, y) for x, y in zip(*snapshots))  # and kept learning from that state
+
+
+FLAT = device_cost({1: {1: 1.0, 8: 1.0}, 8: {1: 1.0, 8: 1.0}}, draft=0.5)  # every width costs the same
+
+
+def test_lookup_reaches_prompt_lookup_num_tokens_past_the_block_and_both_engines_verify_the_policys_width(
+        monkeypatch):
+    """Lookup continuations are capped by `prompt_lookup_num_tokens` (8 here), not by the drafter's block (3
+    drafted tokens): on a flat-cost device whole 8-token matches are verified. With the policy's width forced to 2,
+    every lookup round and every drafted block verifies at most 2 tokens in both engines. Outputs stay greedy."""
+    target = make_tiny_target(seed=23)
+    prompts = [([5, 9, 14, 3, 27, 11, 8, 30] * 5)[: 20 + 3 * r] for r in range(4)]
+    max_new = 24
+    reference = [_reference(target, p, max_new) for p in prompts]
+
+    def widths():
+        drafter = _drafter(target, block_size=4, allow_no_draft=True, prompt_lookup_num_tokens=8)
+        SpeculationRuntime(cost_model=FLAT).attach(drafter)
+        bs1 = []
+        for p, ref in zip(prompts, reference):
+            out, stats = speculate(target, torch.tensor([p]), drafter, max_new_tokens=max_new, do_sample=False)
+            assert out[0, len(p):].tolist() == ref
+            bs1 += [n for n, s in zip(stats.drafted, stats.proposers) if s != "none"]
+        out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True)
+        assert out == reference
+        batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if s != "none"]
+        return bs1, batch
+
+    bs1, batch = widths()
+    assert max(bs1) == 8 and max(batch) == 8  # past the block's 3 drafted tokens
+    real_cut = ProposalPolicy.cut
+    monkeypatch.setattr(ProposalPolicy, "cut", lambda self, arm: None if real_cut(self, arm) is None else 2)
+    bs1, batch = widths()
+    narrow = [n for n in bs1 + batch if n <= 2]
+    assert len(narrow) > len(bs1 + batch) // 2 and 2 in narrow  # exploration rounds still verify all

@@ -45,17 +45,19 @@ def test_a_none_row_of_a_draft_round_is_a_drafter_miss_of_a_plain_round_nothing(
     assert policy.rows[1]["drafter"] == 0 and policy.accepted["drafter"] == 4 + 0.3 * (0 - 4)
 
 
-def test_the_same_acceptance_pays_on_a_flat_device_and_not_on_this_cpu():
-    """0.7 accepted drafted tokens per round: on the CPU a draft round (1.8 s for 1.7 tokens) loses to plain rounds
-    (1 s per token); on a launch-bound device (1.15 s for 1.7 tokens) it wins. Lookup with 2 accepted of 7 wins on
-    both."""
-    for cost, expected in ((CPU, "plain"), (FLAT, "draft")):
+def test_the_same_acceptance_pays_on_a_flat_device_whole_and_on_this_cpu_one_token_deep():
+    """0.7 accepted drafted tokens per round (first position right 70% of the time, the second never): on the CPU
+    the whole block (1.8 s for 1.7 tokens) loses to plain rounds (1 s per token) but one drafted token (1.29 s for
+    1.7 tokens) wins; on a launch-bound device every width costs 1.15 s: the whole block. Lookup with 2 accepted of 7
+    wins on both."""
+    assert (1 + 0.7) / CPU.round_seconds(7, 1) < 1 / CPU.round_seconds(0, 1, drafts=False)  # whole block: loses
+    for cost, width in ((CPU, 1), (FLAT, 7)):
         policy = ProposalPolicy(explore_every=1000)
         policy.choose([0], [0], [7], cost)
         policy.record([0], ["drafter"], [1], [7])
         policy.record([0], ["drafter"], [0], [7])  # EMA 1 + 0.3 * (0 - 1) = 0.7
         policy.choose([0], [0], [7], cost)
-        assert policy.choose([0], [0], [7], cost) == expected
+        assert policy.choose([0], [0], [7], cost) == "draft" and policy.cut("draft") == width
         policy.choose([0], [7], [7], cost)  # untried lookup
         policy.record([0], ["lookup"], [2], [7])
         assert policy.choose([0], [7], [7], cost) == "lookup"
@@ -71,3 +73,71 @@ def test_frozen_and_new_runs_settle_nothing():
     for _ in range(5):
         policy.choose([0], [0], [7], CPU)
     assert policy.accepted["drafter"] == 3
+
+
+def _lookup_policy(cost, rounds=8) -> ProposalPolicy:
+    """Lookup matches of 7 tokens whose first 2 are right and the rest wrong, round after round."""
+    policy = ProposalPolicy(explore_every=1000)
+    for _ in range(rounds):
+        arm = policy.choose([0], [7], [0], cost)
+        if arm == "lookup":
+            width = policy.cut("lookup") or 7
+            policy.record([0], ["lookup"], [min(2, width)], [width])
+    return policy
+
+
+def test_a_lookup_match_right_for_two_tokens_is_verified_two_deep_on_the_cpu_and_whole_on_a_flat_device():
+    """CPU: the whole match, (1 + 2) / 1.6 s = 1.9 tok/s; 2 deep: (1 + 2) / 1.17 s = 2.6 tok/s; plain 1.0: the
+    lookup arm wins at width 2. Before the widths, the arm was scored at its whole length only. On the flat device
+    every width costs the same: the whole match is verified (the extra positions are free)."""
+    cpu = _lookup_policy(CPU)
+    assert cpu.curves["lookup"][:3] == [1.0, 1.0, 0.0]
+    assert cpu.choose([0], [7], [0], CPU) == "lookup" and cpu.cut("lookup") == 2
+    assert cpu.expected_at("lookup", 2) == 2.0 and cpu.expected_at("lookup", 7) == 2.0
+    flat = _lookup_policy(FLAT)
+    assert flat.choose([0], [7], [0], FLAT) == "lookup" and flat.cut("lookup") == 7
+
+
+def test_a_short_block_pays_on_the_cpu_where_the_whole_block_does_not():
+    """Drafted positions accepted 0.6, 0.3, 0.1, 0 of the time (each given the previous): the whole block of 7
+    expects 0.6 + 0.18 + 0.018 = 0.798 tokens for 1.8 s (1.0 tok/s, no better than plain); two drafted tokens expect
+    0.78 for 1.37 s (1.30 tok/s): the draft arm wins at width 2, and the engine verifies two drafted tokens."""
+    policy = ProposalPolicy(frozen=True)  # predictions only: nothing recorded between the choices
+    policy.curves["drafter"] = [0.6, 0.3, 0.1, 0.0]
+    assert policy.choose([0], [0], [7], CPU) == "draft" and policy.cut("draft") == 2
+    policy.curves["drafter"] = [0.4, 0.3, 0.1, 0.0]  # 1.52 / 1.37 s = 1.11 tok/s at width 2: still pays
+    assert policy.choose([0], [0], [7], CPU) == "draft" and policy.cut("draft") == 2
+    policy.curves["drafter"] = [0.2, 0.3, 0.1, 0.0]  # 1.2 / 1.29 s at width 1: below plain's 1.0
+    assert policy.choose([0], [0], [7], CPU) == "plain"
+    policy.curves["drafter"] = [0.6, 0.3, 0.1, 0.0]
+    policy.accepted["drafter"] = 0.798  # the old score, whole block only: (1 + 0.798) / 1.8 s < 1 tok/s
+    assert policy._score("draft", [0], [0], [7], CPU, 1) > 1.0 > (1 + 0.798) / CPU.round_seconds(7, 1)
+
+
+def test_exploration_rounds_verify_one_position_deeper_so_the_next_position_stays_measured():
+    policy = _lookup_policy(CPU)
+    policy.explore_every = 4
+    cuts = []
+    for _ in range(8):
+        arm = policy.choose([0], [7], [0], CPU)
+        cuts.append((arm, policy.cut(arm)))
+    assert ("lookup", 3) in cuts and ("lookup", 2) in cuts and all(c is not None for _, c in cuts if _ == "lookup")
+    fresh = ProposalPolicy()
+    assert fresh.choose([0], [7], [0], CPU) == "lookup" and fresh.cut("lookup") == 1  # no curve yet: a probe
+    assert fresh.choose([0], [0], [7], CPU, allow_no_draft=False) == "draft" and fresh.cut("draft") is None
+
+
+def test_each_row_is_scored_by_its_own_curve_within_a_run():
+    """Row 1 is repetitive prose (its lookup matches hold 6 deep), row 0 is chat (they fail at once): within the run
+    each row's own curve decides its expected tokens; a new run starts from the batch's curve again."""
+    policy = ProposalPolicy(explore_every=1000)
+    policy.record([0, 1], ["lookup", "lookup"], [0, 6], [7, 7])
+    assert policy.row_curves[0]["lookup"] == [0.0] and policy.row_curves[1]["lookup"][:7] == [1.0] * 6 + [0.0]
+    assert policy.expected_at("lookup", 7, row=1) == 6.0 and policy.expected_at("lookup", 7, row=0) == 0.0
+    assert 0.0 < policy.expected_at("lookup", 7) < 6.0  # the batch's curve mixes both
+    for arm in ("lookup", "plain"):
+        policy.arms[arm].tried = True
+    assert policy.choose([1], [7], [0], CPU) == "lookup" and policy.cut("lookup") == 6
+    assert policy.choose([0], [7], [0], CPU) == "plain"
+    policy.start_run()
+    assert policy.row_curves == {} and policy.expected_at("lookup", 7, row=1) == policy.expected_at("lookup", 7)

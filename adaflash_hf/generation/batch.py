@@ -288,16 +288,20 @@ class AdaFlashBatchGenerator:
         """Propose, verify, accept, advance (module docstring)."""
         timer = run.timer
         timer.start()
-        budgets = [max(0, min(self.max_drafts, r - 1)) for r in run.remaining(batch.prompt_idx)] \
-            if self.drafter is not None else [0] * batch.size
+        room = [max(0, r - 1) for r in run.remaining(batch.prompt_idx)]  # the most tokens a row may still verify
+        budgets = [min(self.max_drafts, r) for r in room] if self.drafter is not None else [0] * batch.size
         rows = DraftRows(batch, budgets, batch.prompt_idx, self._sequences(run, batch.prompt_idx))
-        arm, lookup = self._choose_arm(run, rows)
+        arm, lookup = self._choose_arm(run, rows, room)
+        # the verify width the policy scored best (None: the whole budget)
+        width = run.policy.cut(arm) if arm != "plain" else None
         timer.lap("lookup")
         if arm == "draft":
+            if width is not None and run.lengths.cut_by_policy:
+                rows.budgets = [min(b, width) for b in rows.budgets]
             proposals = swap_in_lookup(run.drafting.propose(rows), lookup, run.policy, batch.prompt_idx)
         elif arm == "lookup":
             run.stats.lookup_rounds += 1
-            proposals = lookup
+            proposals = lookup if width is None else lookup.cut(width)
         else:
             run.stats.plain_rounds += 1
             proposals = NoDraftProposer(self.device).propose(rows)
@@ -309,12 +313,14 @@ class AdaFlashBatchGenerator:
         self._advance(run, batch, out, proposals, accepted, next_tok)
         timer.lap("accept")
 
-    def _choose_arm(self, run: BatchRun, rows: DraftRows) -> tuple[str, Proposals | None]:
+    def _choose_arm(self, run: BatchRun, rows: DraftRows, room: list[int]) -> tuple[str, Proposals | None]:
         """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation (None without
-        hybrid lookup)."""
+        hybrid lookup; up to `prompt_lookup_num_tokens` and the row's `room`, not the drafter's block)."""
         if self.drafter is None or max(rows.budgets) <= 0:
             return "plain", None
-        lookup = run.looking_up.propose(rows) if run.looking_up is not None else None
+        lookup = None
+        if run.looking_up is not None:
+            lookup = run.looking_up.propose(DraftRows(rows.state, room, rows.keys, rows.sequences))
         lookup_lens = lookup.lengths_list() if lookup is not None else [0] * rows.size
         arm = run.policy.choose(rows.keys, lookup_lens, rows.budgets, run.cost,
                                 allow_no_draft=self.knobs.allow_no_draft,

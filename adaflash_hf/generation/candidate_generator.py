@@ -126,20 +126,25 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             self._deferred = None
             self._learn(round_data, model_outputs.logits[0, -(n + 1) : -1], accepted)
         self._online_round = None
-        budget = min(self.max_drafts, self.main_model_max_length - input_ids.shape[1] - 1)
+        room = self.main_model_max_length - input_ids.shape[1] - 1
+        budget = min(self.max_drafts, room)
         if budget <= 0:  # the target still runs one forward for its own next token: a round with no draft
             return self._propose(input_ids, None, "none", start)
 
-        lookup_ids, lookup_len = self._look_up(input_ids, budget)
+        lookup_ids, lookup_len = self._look_up(input_ids, room)  # up to prompt_lookup_num_tokens, not the block
         allow = self.knobs.allow_no_draft
         arm = self.policy.choose([0], [lookup_len], [budget], self.cost_model() if allow else None,
                                  allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None)
+        width = self.policy.cut(arm)  # the verify width the policy scored best (None: the whole budget)
         if arm == "lookup":
+            if width is not None:
+                lookup_ids = lookup_ids[:, : input_ids.shape[1] + width]
             return self._propose(lookup_ids, None, "lookup", start)
         if arm == "plain":
             return self._propose(input_ids, None, "none", start)
 
-        proposals = self._draft(input_ids, budget)
+        proposals = self._draft(input_ids, budget if width is None or not self.lengths.cut_by_policy else
+                                min(budget, width))
         if proposals.survival is not None:
             self.stats.survival.append(proposals.survival[0].tolist())
         keep = proposals.lengths_list()[0]  # a non-finite position has already ended the draft
@@ -168,7 +173,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if self.lookup is None:
             return None, 0
         new = input_ids[:, self._looked_up :]
-        self.lookup.lookup.append(self._row.prompt_tensor, new, torch.tensor([new.shape[1]], device=new.device))
+        self.lookup.append(self._row.prompt_tensor, new, torch.tensor([new.shape[1]], device=new.device))
         self._looked_up = input_ids.shape[1]
         found = self.lookup.propose(DraftRows(self._row, [budget], [0]))
         n = found.lengths_list()[0]

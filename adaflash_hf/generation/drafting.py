@@ -55,6 +55,8 @@ class LengthChooser:
     """
 
     def __init__(self, policy: str, length_head=None, cost=None, block_size: int = 8, threshold: float = 0.4):
+        # "auto" without a head verifies the width the proposal policy scores best (`ProposalPolicy.cut`)
+        self.cut_by_policy = policy == "auto" and length_head is None
         if policy == "auto":
             policy = "head" if length_head is not None else "full"
         if policy == "head" and length_head is None:

@@ -22,6 +22,18 @@ chosen for `explore_every` rounds is tried again (and after twice as many rounds
 `max_interval`); untried arms come first. `reset()` forgets everything; `frozen=True` fixes the whole state: nothing
 is recorded, no round is counted, nothing is explored, and each round takes the arm with the best prediction.
 
+Each arm is scored at its best verify WIDTH. Per source (and per row within a run, falling back to the batch's),
+the policy keeps a curve of moving averages of `P(position k accepted | positions < k accepted)` from the rounds it
+has seen, so the expected accepted tokens of a width `w` are `sum_{k <= w} prod_{j <= k} c_j`, and the arm's score
+is the best over `w` of expected tokens per predicted second. `cut(arm)` hands that width to the engine, which
+verifies only that much of the lookup continuation or of the drafted block (the block only under
+`length_policy="auto"` without a length head: a head chooses its own lengths with the same costs). Where each
+verified token costs (a CPU), a long lookup match whose first tokens are usually right pays at width 2-3 where its
+whole length does not; on a flat-cost accelerator the best width is the whole budget. Exploration rounds (and every
+`explore_every`-th round) verify one position deeper than the best, so the next position keeps being measured; an
+arm without a curve is probed one token deep. Before any curve exists, an arm is scored by the moving average of
+its accepted tokens at its whole budget.
+
 A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
 not usable) still paid for the drafter's forward: it counts as 0 accepted drafter tokens for those rows, whether the
 engine records it with source `"none"` or does not record it at all (then it is settled at the next `choose`). So
@@ -70,6 +82,12 @@ class ProposalPolicy:
     arms: dict = field(default_factory=lambda: {a: _Arm() for a in ARMS})
     rows: dict = field(default_factory=dict)  # row key -> source -> EMA of accepted tokens (per run)
     pending: list | None = None  # rows of the last draft round, until it is recorded (module docstring)
+    curves: dict = field(default_factory=lambda: {s: [] for s in SOURCES})  # source -> [EMA of P(k ok | < k ok)]
+    row_curves: dict = field(default_factory=dict)  # row key -> source -> its own curve (per run)
+    # the last choice's scratch (not state: a frozen policy compares equal whatever it chose)
+    widths: dict = field(default_factory=dict, compare=False)  # arm -> the best verify width of the last scoring
+    explored: bool = field(default=False, compare=False)  # the last choice explored: verify one position deeper
+    scored: bool = field(default=False, compare=False)  # the last choice was between arms (else: no cut)
 
     @classmethod
     def from_generation_config(cls, config) -> "ProposalPolicy":
@@ -94,6 +112,7 @@ class ProposalPolicy:
     def start_run(self) -> None:
         """Per-row estimates describe one run's sequences: drop them (the batch-wide ones persist)."""
         self.rows = {}
+        self.row_curves = {}
         self.pending = None
 
     # ------------------------------------------------------------------------------------------------ estimates
@@ -110,6 +129,34 @@ class ProposalPolicy:
         lookup = lookup_len if lookup is None else min(lookup, lookup_len)
         draft = draft_len if draft is None else min(draft, draft_len)
         return "lookup" if lookup >= draft else "drafter"
+
+    def expected_at(self, source: str, width: int, row=None) -> float | None:
+        """Expected accepted tokens of `source` when `width` tokens are verified: from `row`'s own curve when it has
+        one (this run's text: a request of repetitive prose is not a chat request), else the batch's; positions
+        past the measured ones repeat the last measured rate. None before any round of `source` was recorded."""
+        curve = self.row_curves.get(row, {}).get(source) or self.curves[source]
+        if not curve:
+            return None
+        total, alive = 0.0, 1.0
+        for k in range(width):
+            alive *= curve[min(k, len(curve) - 1)]
+            total += alive
+        return total
+
+    def cut(self, arm: str) -> int | None:
+        """The verify width for `arm` this round: the width the last `choose` scored best; 1 (a probe) while the arm
+        has no curve yet; None (the whole budget) when the policy had no choice to make (a single possible arm). An
+        exploration round, and every `explore_every`-th round, verifies one position deeper, so the curve keeps
+        measuring the next position at the price of one token per row: never a whole block for every row of a
+        large batch."""
+        if not self.scored:
+            return None
+        width = self.widths.get(arm)
+        if width is None:
+            return 1
+        if self.explored or (self.round % self.explore_every == 0 and not self.frozen):
+            return width + 1
+        return width
 
     def _expected(self, row, source: str, cap: int) -> float:
         value = self.estimate(row, source)
@@ -149,6 +196,7 @@ class ProposalPolicy:
             if max(lookup_lens, default=0) > 0:
                 options.append("lookup")
             options.append("plain")
+        self.explored, self.widths, self.scored = False, {}, len(options) > 1
         if len(options) > 1 and self.frozen:  # no state change, no exploration: the best prediction
             return max(options, key=lambda a: self._score(a, rows, lookup_lens, budgets, cost, b))
         if not self.frozen:
@@ -171,15 +219,23 @@ class ProposalPolicy:
         return self._pick(best, explore=False)
 
     def _pick(self, arm: str, explore: bool) -> str:
+        self.explored = explore or not self.arms[arm].tried
         state = self.arms[arm]
         state.tried = True
         state.last_round = self.round
         return arm
 
     def _score(self, arm, rows, lookup_lens, budgets, cost, b) -> float:
-        """Expected committed tokens per predicted second of the round (module docstring)."""
+        """Expected committed tokens per predicted second of the round at its best width (module docstring)."""
         if arm == "plain":
             return b / cost.round_seconds(0, b, drafts=False)
+        if arm == "lookup":
+            caps = [(r, n, "lookup") for r, n in zip(rows, lookup_lens)]
+        else:
+            caps = [(r, min(n, budget), "lookup") if self.row_source(r, n, budget) == "lookup" else
+                    (r, budget, "drafter") for r, n, budget in zip(rows, lookup_lens, budgets)]  # <= the block
+        if all(self.curves[source] for _, cap, source in caps if cap > 0):
+            return self._score_widths(arm, caps, cost, b)
         if arm == "lookup":
             tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))
             return tokens / cost.round_seconds(max(lookup_lens), b, drafts=False)
@@ -189,6 +245,19 @@ class ProposalPolicy:
             tokens += 1.0 + self._expected(r, source, n if source == "lookup" else budget)
         width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
         return tokens / cost.round_seconds(width, b, drafts=True)
+
+    def _score_widths(self, arm: str, caps: list, cost, b: int) -> float:
+        """The best over verify widths `w` of `sum_r (1 + E_source_r(min(w, cap_r))) / round_seconds(w)`; the width
+        is kept for `cut(arm)`. `caps`: per row, `(its key, most tokens it can verify, its source)`."""
+        best, best_w = 0.0, 1
+        for w in range(1, max((cap for _, cap, _ in caps), default=0) + 1):
+            tokens = sum(1.0 + (self.expected_at(source, min(w, cap), r) if cap > 0 else 0.0)
+                         for r, cap, source in caps)
+            score = tokens / cost.round_seconds(w, b, drafts=arm == "draft")
+            if score >= best:  # a tie (flat costs) goes to the wider width: its extra positions are free
+                best, best_w = score, w
+        self.widths[arm] = best_w
+        return best
 
     # ------------------------------------------------------------------------------------------------ feedback
     def record(self, rows: list, sources: list[str], accepted: list[int], verified: list[int] | None = None) -> None:
@@ -206,10 +275,23 @@ class ProposalPolicy:
             for table in (row, self.accepted):
                 old = table.get(source)
                 table[source] = float(a) if old is None else old + d * (a - old)
+        for r, source, a, v in zip(rows, sources, accepted, verified or []):
+            if source in SOURCES:  # a drafted block cut to nothing counts as a miss at its first position
+                for curve in (self.curves[source], self.row_curves.setdefault(r, {}).setdefault(source, [])):
+                    self._record_positions(curve, int(a), max(int(v), 1))
         drafted = [v for s, v in zip(sources, verified or []) if s == "drafter"]
         if drafted:
             w = float(max(drafted))
             self.width = w if self.width is None else self.width + d * (w - self.width)
+
+    def _record_positions(self, curve: list, accepted: int, verified: int) -> None:
+        """Positions `1 .. min(accepted + 1, verified)` were reached; those `<= accepted` were accepted."""
+        for k in range(min(accepted + 1, verified)):
+            hit = float(k < accepted)
+            if k == len(curve):
+                curve.append(hit)
+            else:
+                curve[k] += self.decay * (hit - curve[k])
 
 
 __all__ = ["ARMS", "LEARNING_EXPLORE", "SCHEDULES", "SOURCES", "ProposalPolicy"]

@@ -56,6 +56,14 @@ class Proposals:
         return cls("plain", torch.zeros(b, 0, dtype=torch.long, device=device),
                    torch.zeros(b, dtype=torch.long, device=device), ["none"] * b, host_lengths=[0] * b)
 
+    def cut(self, width: int) -> "Proposals":
+        """The same proposals verifying at most `width` tokens per row."""
+        lens = [min(n, width) for n in self.lengths_list()]
+        m = max(lens, default=0)
+        return Proposals(self.arm, self.drafts[:, :m], self.lengths.clamp(max=width),
+                         ["none" if n == 0 else s for n, s in zip(lens, self.sources)],
+                         None if self.q is None else self.q[:, :m], self.one_hot, host_lengths=lens)
+
     def lengths_list(self) -> list[int]:
         """`lengths` as host ints."""
         if self.host_lengths is None:
@@ -107,6 +115,10 @@ class LookupProposer:
 
     def __init__(self, lookup: BatchLookup):
         self.lookup = lookup
+
+    def append(self, prompt_idx: torch.Tensor, new: torch.Tensor, counts: torch.Tensor) -> None:
+        """The rows' committed tokens join their lookup texts (`BatchLookup.append`)."""
+        self.lookup.append(prompt_idx, new, counts)
 
     def propose(self, rows: DraftRows) -> Proposals:
         """`drafts [b, m]` with `m` the longest continuation; rows without a match propose nothing."""

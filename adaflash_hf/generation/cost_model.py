@@ -226,13 +226,14 @@ class TargetCostModel:
         args = (target, drafter, num_tokens, batch_sizes, context_length, repeats, budget_s, progress)
         model = cls._measure(*args, seed=seed)
         model.measurements = 1
-        while model.measurements < attempts and model.inconsistencies():
-            logger.warning("cost model calibration disturbed (%s): measuring again (%d/%d)",
-                           "; ".join(model.inconsistencies()), model.measurements + 1, attempts)
+        problems = model.inconsistencies()
+        while model.measurements < attempts and problems:
+            logger.warning("cost model calibration disturbed (%s): measuring again (%d/%d)", "; ".join(problems),
+                           model.measurements + 1, attempts)
             model = model.merged_min(cls._measure(*args, seed=seed + model.measurements))
-        if model.inconsistencies():
-            logger.warning("cost model still inconsistent after %d measurements: %s", attempts,
-                           "; ".join(model.inconsistencies()))
+            problems = model.inconsistencies()
+        if problems:
+            logger.warning("cost model still inconsistent after %d measurements: %s", attempts, "; ".join(problems))
         return model
 
     @classmethod

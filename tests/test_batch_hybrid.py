@@ -280,3 +280,23 @@ def test_lookup_reaches_prompt_lookup_num_tokens_past_the_block_and_both_engines
     bs1, batch = widths()
     narrow = [n for n in bs1 + batch if n <= 2]
     assert len(narrow) > len(bs1 + batch) // 2 and 2 in narrow  # exploration rounds still verify all
+
+
+def test_a_lookup_swapped_into_a_draft_round_is_cut_to_the_drafted_width_in_both_engines():
+    """Where every round drafts (`allow_no_draft=False`), a row's lookup continuation replaces its block only at
+    the block's width: both engines verify at most the 3 drafted tokens although matches reach 8 tokens."""
+    target = make_tiny_target(seed=23)
+    prompts = [([5, 9, 14, 3, 27, 11, 8, 30] * 5)[: 20 + 3 * r] for r in range(4)]
+    max_new = 24
+    reference = [_reference(target, p, max_new) for p in prompts]
+    drafter = _drafter(target, block_size=4, allow_no_draft=False, prompt_lookup_num_tokens=8)
+    SpeculationRuntime(cost_model=FLAT).attach(drafter)
+    bs1 = []
+    for p, ref in zip(prompts, reference):
+        out, stats = speculate(target, torch.tensor([p]), drafter, max_new_tokens=max_new, do_sample=False)
+        assert out[0, len(p):].tolist() == ref
+        bs1 += [n for n, s in zip(stats.drafted, stats.proposers) if s == "lookup"]
+    out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True)
+    assert out == reference
+    batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if s == "lookup"]
+    assert bs1 and batch and max(bs1) == 3 and max(batch) == 3

@@ -148,8 +148,11 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if proposals.survival is not None:
             self.stats.survival.append(proposals.survival[0].tolist())
         keep = proposals.lengths_list()[0]  # a non-finite position has already ended the draft
-        if lookup_len and self.policy.row_source(0, lookup_len, keep) == "lookup":
-            return self._propose(lookup_ids, None, "lookup", start)
+        # as the batched engine's `swap_in_lookup`: the lookup continuation, cut to the round's drafted width, is
+        # verified instead where it promises more than the block
+        cut = min(lookup_len, proposals.drafts.shape[1])
+        if cut and self.policy.row_source(0, cut, keep) == "lookup":
+            return self._propose(lookup_ids[:, : input_ids.shape[1] + cut], None, "lookup", start)
         if keep == 0:
             return self._propose(input_ids, None, "none", start)
         candidate_ids = torch.cat([input_ids, proposals.drafts.to(input_ids.device)], dim=-1)

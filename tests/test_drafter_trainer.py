@@ -7,7 +7,7 @@ import torch
 from transformers import TrainerCallback
 
 from adaflash_hf import AdaFlashDrafterModel
-from adaflash_hf.training import DrafterTrainer, DrafterTrainingConfig
+from adaflash_hf.training import DrafterDataCollator, DrafterTrainer, DrafterTrainingConfig
 
 from .conftest import make_tiny_target, record_tiny_dataset
 
@@ -33,8 +33,16 @@ def _trainer(target, dataset, out, **overrides):
 def test_recorded_dataset_has_the_documented_columns(recorded):
     target, dataset = recorded
     row = dataset[0]
-    assert set(dataset.column_names) == {"input_ids", "prompt_len", "domain", "target_argmax", "hidden_states"}
+    assert set(dataset.column_names) == {"input_ids", "prompt_len", "domain", "target_argmax", "hidden_states",
+                                         "target_topk_ids", "target_topk_logits"}
     assert len(row["hidden_states"]) == len(row["input_ids"]) == len(row["target_argmax"])
+    # The recorded top-k are the target's own next-token logits, best first, the argmax among them.
+    with torch.no_grad():
+        logits = target(torch.tensor([row["input_ids"]])).logits[0]
+    top = logits.topk(len(row["target_topk_ids"][0]), dim=-1)
+    assert torch.equal(torch.tensor(row["target_topk_ids"]), top.indices.int())
+    torch.testing.assert_close(torch.tensor(row["target_topk_logits"]).float(), top.values, atol=2e-2, rtol=1e-2)
+    assert [ids[0] for ids in row["target_topk_ids"]] == list(row["target_argmax"])
     # The responses are the target's greedy output, so its argmax predicts every next response token.
     ids, argmax, start = row["input_ids"], row["target_argmax"], row["prompt_len"]
     assert all(argmax[t] == ids[t + 1] for t in range(start, len(ids) - 1))
@@ -251,6 +259,59 @@ def test_prefix_revealed_training_learns_the_rest_of_the_block(recorded, tmp_pat
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="reveal_prob"):
         DrafterTrainingConfig(output_dir=str(tmp_path), reveal_prob=1.5, use_cpu=True)
+
+
+def test_soft_label_kl_matches_a_hand_computation():
+    """KL(p || q) with p the top-k renormalised over the draft vocabulary: tokens outside it leave p, and a row
+    none of whose top-k is draftable is not usable (and not NaN)."""
+    from adaflash_hf.training.drafter_trainer import soft_label_kl
+
+    vocab = torch.tensor([3, 5, 7])
+    logits = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]], requires_grad=True)
+    soft_ids = torch.tensor([[5, 9, 3], [1, 2, 4]])  # row 0: 9 is not draftable; row 1: nothing is
+    soft_logits = torch.tensor([[2.0, 9.0, 1.0], [1.0, 2.0, 3.0]])
+    kl, usable = soft_label_kl(logits, vocab, soft_ids, soft_logits)
+    p = torch.softmax(torch.tensor([2.0, 1.0]), dim=0)  # over tokens 5, 3
+    q = torch.softmax(logits[0].detach(), dim=0)[[1, 0]]
+    torch.testing.assert_close(kl[0], (p * (p.log() - q.log())).sum())
+    assert usable.tolist() == [True, False]
+    (kl * usable).sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[1].abs().sum() == 0
+
+
+def test_soft_labels_train_toward_the_target_distribution(recorded, tmp_path):
+    """soft_label_weight: batches carry the recorded top-k at each block position, the loss mixes in the KL, and
+    training lowers the KL to the target's distribution (a hard-label run of the same length lowers it less)."""
+    from adaflash_hf.training.drafter_trainer import soft_label_kl
+
+    target, dataset = recorded
+
+    def mean_kl(trainer, batch):
+        with torch.no_grad():
+            hidden = trainer._block_hidden(trainer.model, batch)
+            rows = batch["label_mask"].nonzero(as_tuple=True)
+            logits, vocab = trainer.model.draft_logits(hidden[rows], target.lm_head)
+            kl, usable = soft_label_kl(logits.float(), vocab, batch["soft_ids"][rows], batch["soft_logits"][rows])
+        return float(kl[usable].mean())
+
+    after = {}
+    for weight in (0.0, 0.9):
+        trainer = _trainer(target, dataset, tmp_path / str(weight), max_steps=40, soft_label_weight=weight)
+        probe = DrafterDataCollator(4, 8, 640, seed=5, soft_labels=True)([dataset[i] for i in range(6)])
+        # block position k of anchor a is labelled by a[a + k - 1]: its soft labels are that position's top-k
+        a = int(probe["anchors"][0, 0])
+        assert probe["soft_ids"][0, 0, 0, 0] == dataset[0]["target_argmax"][a] == probe["labels"][0, 0, 0] or \
+            not probe["label_mask"][0, 0, 0]
+        if weight:
+            assert "soft_ids" in trainer.data_collator([dataset[i] for i in range(2)])
+            assert "soft_ids" not in trainer.eval_collator([dataset[i] for i in range(2)])
+        before = mean_kl(trainer, probe)
+        trainer.train()
+        after[weight] = mean_kl(trainer, probe)
+        assert after[weight] < before
+    assert after[0.9] < after[0.0]
+    with pytest.raises(ValueError, match="soft_label_weight"):
+        DrafterTrainingConfig(output_dir=str(tmp_path), soft_label_weight=2.0, use_cpu=True)
 
 
 def test_best_drafter_is_picked_by_replayed_tau_when_it_is_measured(tmp_path):

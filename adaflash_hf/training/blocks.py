@@ -115,6 +115,23 @@ def block_labels(
     return labels.masked_fill(~valid, 0), valid
 
 
+def block_soft_labels(topk_ids: torch.Tensor, topk_logits: torch.Tensor, anchors: torch.Tensor, block_size: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's recorded top-k next-token logits at block positions 1..B-1 (the soft labels of `block_labels`:
+    position `k` of the block at anchor `i` is predicted from `a[i + k - 1]`'s distribution).
+
+    topk_ids / topk_logits: `[batch, T, k]`; anchors: `[batch, n]`.
+    Returns `(ids [batch, n, B-1, k] long, logits [batch, n, B-1, k] float)`; out-of-range positions repeat the last
+    recorded one (`block_labels`' mask leaves them out of the loss).
+    """
+    batch, T, k = topk_ids.shape
+    pos = (anchors[:, :, None] + torch.arange(block_size - 1)).clamp(max=T - 1).reshape(batch, -1, 1)
+    pos = pos.expand(-1, -1, k)
+    shape = (*anchors.shape, block_size - 1, k)
+    return (torch.gather(topk_ids, 1, pos).reshape(shape).long(),
+            torch.gather(topk_logits, 1, pos).reshape(shape).float())
+
+
 def position_weights(block_size: int, gamma: float | None) -> torch.Tensor:
     """DFlash's decay `w_k = exp(-(k - 1) / gamma)` for block positions k = 1..B-1 (`gamma=None`: all ones).
 

@@ -9,8 +9,9 @@ Two steps, each cached on disk under a key of everything that determines it:
    hidden states at the drafter's `target_layer_ids` (float16 on disk) and the target's greedy next token.
    The same step labels any corpus text by prefill alone (no generation): see `blocks.block_labels`.
 
-The result is a `datasets.Dataset` with columns `input_ids`, `prompt_len`, `domain`, `target_argmax` and
-`hidden_states` (`[T, len(target_layer_ids) * H]`).
+The result is a `datasets.Dataset` with columns `input_ids`, `prompt_len`, `domain`, `target_argmax`,
+`hidden_states` (`[T, len(target_layer_ids) * H]`) and the target's top-`RECORDED_TOPK` next-token logits
+(`target_topk_ids` / `target_topk_logits`, `[T, RECORDED_TOPK]`: the soft labels of `soft_label_weight`).
 """
 
 import hashlib
@@ -90,6 +91,44 @@ def generate_responses(
     return results  # type: ignore[return-value]
 
 
+RECORDED_TOPK = 16
+"""Next-token logits kept per recorded position (the target's top-k, float16): enough mass for soft labels at a
+small fraction of the hidden states' size (16 x 6 bytes vs 5 x 576 x 2 bytes per token for the testbed)."""
+
+
+def recorded_features(width: int) -> datasets.Features:
+    """The columns `DrafterTrainer` consumes, as `record_targets` and `label_hidden` write them."""
+    return datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "prompt_len": datasets.Value("int32"),
+        "domain": datasets.Value("string"),
+        "target_argmax": datasets.Sequence(datasets.Value("int32")),
+        "hidden_states": datasets.Array2D(shape=(None, width), dtype="float16"),
+        "target_topk_ids": datasets.Array2D(shape=(None, RECORDED_TOPK), dtype="int32"),
+        "target_topk_logits": datasets.Array2D(shape=(None, RECORDED_TOPK), dtype="float16"),
+    })
+
+
+@torch.inference_mode()
+def teacher_forward(target, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    target_layer_ids: list[int]) -> dict[str, np.ndarray]:
+    """One teacher-forced target forward over right-padded `input_ids [b, T]`: per position the hidden states at
+    `target_layer_ids` (`hidden_states [b, T, L*H]` float16), the greedy next token (`target_argmax [b, T]`) and the
+    top-`RECORDED_TOPK` next-token logits (`target_topk_ids` int32 / `target_topk_logits` float16, `[b, T, k]`)."""
+    out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
+                 output_hidden_states=[i + 1 for i in target_layer_ids])
+    top = out.logits.float().topk(RECORDED_TOPK, dim=-1)
+    return {
+        "hidden_states": gather_context(out.hidden_states, target_layer_ids).to(torch.float16).cpu().numpy(),
+        "target_argmax": out.logits.argmax(dim=-1).cpu().numpy().astype(np.int32),
+        "target_topk_ids": top.indices.cpu().numpy().astype(np.int32),
+        "target_topk_logits": top.values.to(torch.float16).cpu().numpy(),
+    }
+
+
+RECORDED_PER_TOKEN = ("target_argmax", "hidden_states", "target_topk_ids", "target_topk_logits")
+
+
 @torch.inference_mode()
 def record_targets(
     target,
@@ -99,17 +138,7 @@ def record_targets(
     desc: str = "recording target hidden states",
 ) -> datasets.Dataset:
     """Teacher-forced target forward over `sequences` -> a `datasets.Dataset` ready for `DrafterTrainer`."""
-    width = len(target_layer_ids) * target.config.get_text_config().hidden_size
-    features = datasets.Features(
-        {
-            "input_ids": datasets.Sequence(datasets.Value("int32")),
-            "prompt_len": datasets.Value("int32"),
-            "domain": datasets.Value("string"),
-            "target_argmax": datasets.Sequence(datasets.Value("int32")),
-            "hidden_states": datasets.Array2D(shape=(None, width), dtype="float16"),
-        }
-    )
-    layers = [i + 1 for i in target_layer_ids]
+    features = recorded_features(len(target_layer_ids) * target.config.get_text_config().hidden_size)
 
     def rows():
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["input_ids"]))
@@ -121,18 +150,14 @@ def record_targets(
             for row, i in enumerate(idx):
                 ids[row, : lens[row]] = torch.tensor(sequences[i]["input_ids"])
                 mask[row, : lens[row]] = 1
-            out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                         output_hidden_states=layers)
-            context = gather_context(out.hidden_states, target_layer_ids).to(torch.float16).cpu().numpy()
-            argmax = out.logits.argmax(dim=-1).cpu().numpy().astype(np.int32)
+            recorded = teacher_forward(target, ids, mask, target_layer_ids)
             for row, i in enumerate(idx):
                 n = lens[row]
                 yield {
                     "input_ids": sequences[i]["input_ids"],
                     "prompt_len": sequences[i]["prompt_len"],
                     "domain": sequences[i]["domain"],
-                    "target_argmax": argmax[row, :n],
-                    "hidden_states": context[row, :n],
+                    **{name: recorded[name][row, :n] for name in RECORDED_PER_TOKEN},
                 }
 
     return datasets.Dataset.from_generator(rows, features=features, cache_dir=None, keep_in_memory=False)
@@ -170,7 +195,7 @@ def build_training_dataset(
         tmp = gen_path.with_suffix(".tmp")
         tmp.write_text("\n".join(json.dumps(s) for s in sequences))
         tmp.replace(gen_path)
-    key_rec = fingerprint(key_gen, target_layer_ids, str(target.dtype))
+    key_rec = fingerprint(key_gen, target_layer_ids, str(target.dtype), "topk", RECORDED_TOPK)
     rec_path = cache_root / f"recorded-{key_rec}"
     if (rec_path / "dataset_info.json").is_file():
         return datasets.load_from_disk(str(rec_path))
@@ -212,4 +237,6 @@ __all__ = [
     "frequent_tokens",
     "generate_responses",
     "record_targets",
+    "recorded_features",
+    "teacher_forward",
 ]

@@ -20,6 +20,9 @@ class DrafterTrainingConfig(TrainingArguments):
         reveal_prob (`float`): prefix-revealed training for multi-step drafting: this share of training blocks shows
             a random prefix of its labels (1..B-2 tokens) in place of masks and learns the rest of the block given
             it; the others are all-mask blocks. Evaluation always uses all-mask blocks.
+        soft_label_weight (`float`): weight `alpha` of the soft labels: the loss is `(1 - alpha) * CE(hard labels) +
+            alpha * KL(target || drafter)`, the KL taken to the target's recorded top-k next-token distribution
+            (renormalised over the tokens the drafter can draft). Needs datasets recorded with top-k logits.
         replay_eval (`bool`): evaluation also reports `replay_tau` (per domain too): the tau drafter-only greedy
             serving gets on the eval responses, replayed from one teacher-forced pass (`training/replay.py`), beside
             `tau_proxy`'s uniform anchors.
@@ -30,6 +33,7 @@ class DrafterTrainingConfig(TrainingArguments):
     max_length: int = field(default=640, metadata={"help": "Truncate training sequences to this many tokens."})
     eval_seed: int = field(default=1234, metadata={"help": "Seed of evaluation anchors."})
     reveal_prob: float = field(default=0.0, metadata={"help": "Share of prefix-revealed training blocks."})
+    soft_label_weight: float = field(default=0.0, metadata={"help": "Weight of the KL to the target's top-k."})
     replay_eval: bool = field(default=True, metadata={"help": "Also report replayed (served) tau at evaluation."})
 
     # TrainingArguments defaults that suit drafter training.
@@ -48,4 +52,6 @@ class DrafterTrainingConfig(TrainingArguments):
     def __post_init__(self):
         if not 0.0 <= self.reveal_prob <= 1.0:
             raise ValueError(f"reveal_prob must be in [0, 1], got {self.reveal_prob}")
+        if not 0.0 <= self.soft_label_weight <= 1.0:
+            raise ValueError(f"soft_label_weight must be in [0, 1], got {self.soft_label_weight}")
         super().__post_init__()

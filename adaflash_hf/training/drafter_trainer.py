@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import EvalPrediction, Trainer
 
 from ..utils.speculation import draft_positions, tau as tau_of
-from .blocks import block_labels, draft_blocks, position_weights, sample_anchors, sample_reveal
+from .blocks import block_labels, block_soft_labels, draft_blocks, position_weights, sample_anchors, sample_reveal
 from .drafter_config import DrafterTrainingConfig
 from .replay import draft_every_anchor, greedy_prefix_len, pooled_tau, walk_rounds
 
@@ -33,13 +33,14 @@ class DrafterDataCollator:
     Yields `input_ids [b, T]`, `context [b, T, L*H]` (float32), `anchors [b, n]`, `labels [b, n, B-1]`,
     `label_mask [b, n, B-1]`, `seq_lens [b]` and `anchor_valid [b, n]`; with `domains` (a list of names) also
     `domain_index [b]` (the row's `domain` in that list, -1 if absent), for per-domain evaluation; with
-    `reveal_prob > 0` also `reveal_len [b, n]` (`blocks.sample_reveal`: prefix-revealed training).
+    `reveal_prob > 0` also `reveal_len [b, n]` (`blocks.sample_reveal`: prefix-revealed training); with
+    `soft_labels` also `soft_ids` / `soft_logits [b, n, B-1, k]` (`blocks.block_soft_labels`).
     """
 
     def __init__(self, block_size: int, num_anchors: int, max_length: int, seed: int | None = None,
-                 domains: list[str] | None = None, reveal_prob: float = 0.0):
+                 domains: list[str] | None = None, reveal_prob: float = 0.0, soft_labels: bool = False):
         self.block_size, self.num_anchors, self.max_length = block_size, num_anchors, max_length
-        self.reveal_prob = reveal_prob
+        self.reveal_prob, self.soft_labels = reveal_prob, soft_labels
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.domains = list(domains) if domains else None
 
@@ -63,6 +64,8 @@ class DrafterDataCollator:
         labels, label_mask = block_labels(input_ids, argmax, lens, anchors, anchor_valid, self.block_size)
         batch = {"input_ids": input_ids, "context": context, "anchors": anchors, "labels": labels,
                  "label_mask": label_mask, "seq_lens": lens, "anchor_valid": anchor_valid}
+        if self.soft_labels:
+            batch["soft_ids"], batch["soft_logits"] = self._soft_labels(features, lens, anchors)
         if self.reveal_prob > 0:  # prefix-revealed blocks: the first reveal_len labels are shown, not predicted
             batch["reveal_len"] = sample_reveal(label_mask, self.reveal_prob, self.generator)
         if self.domains is not None:
@@ -70,13 +73,44 @@ class DrafterDataCollator:
             batch["domain_index"] = torch.tensor([index.get(str(f.get("domain")), -1) for f in features])
         return batch
 
+    def _soft_labels(self, features, lens, anchors):
+        if "target_topk_ids" not in features[0]:
+            raise ValueError("soft_label_weight > 0 needs a dataset recorded with the target's top-k logits "
+                             "(columns target_topk_ids / target_topk_logits): re-record it with this version")
+        k = len(features[0]["target_topk_ids"][0])
+        ids = torch.zeros(len(features), int(lens.max()), k, dtype=torch.int32)
+        logits = torch.zeros(ids.shape, dtype=torch.float32)
+        for row, f in enumerate(features):
+            n = int(lens[row])
+            ids[row, :n] = torch.as_tensor(np.asarray(f["target_topk_ids"][:n], dtype=np.int32))
+            logits[row, :n] = torch.as_tensor(np.asarray(f["target_topk_logits"][:n], dtype=np.float32))
+        return block_soft_labels(ids.long(), logits, anchors, self.block_size)
 
-def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights):
+
+def soft_label_kl(logits, vocab_ids, soft_ids, soft_logits):
+    """Per row `KL(p || q)`: `p` the target's recorded top-k distribution renormalised over the tokens the drafter
+    can draft, `q` the drafter's softmax. logits: `[N, V]` (V = K with a draft vocabulary `vocab_ids [K]`);
+    soft_ids / soft_logits: `[N, k]`. Returns `(kl [N], usable [N] bool)` (usable: some top-k token is draftable).
+    """
+    positions = draft_positions(soft_ids, vocab_ids)
+    present = positions >= 0
+    usable = present.any(dim=-1)
+    masked = soft_logits.float().masked_fill(~present, float("-inf")).masked_fill(~usable[:, None], 0.0)
+    p = torch.softmax(masked, dim=-1)  # exact zeros off the draft vocabulary: xlogy keeps them out of the sum
+    q_log = torch.log_softmax(logits, dim=-1).gather(-1, positions.clamp_min(0))
+    kl = (torch.xlogy(p, p) - p * q_log).sum(dim=-1)
+    return kl, usable
+
+
+def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights, soft=None, soft_weight: float = 0.0):
     """Weighted CE of drafted positions against target tokens, LM head applied to labelled rows only.
 
     With a draft vocabulary (`drafter.draft_vocab`) the softmax runs over those K tokens only (a `[K, H]` slice of
     the LM head: much cheaper than the full vocabulary), exactly as generation drafts; labels outside it cannot be
     drafted and are left out of the loss (they still count as misses in `tau_proxy`).
+
+    With `soft = (soft_ids, soft_logits)` (`[b, n, B-1, k]`) and `soft_weight = alpha > 0` the loss is
+    `(1 - alpha) * CE + alpha * KL` (`soft_label_kl`), both weighted by position.
 
     hidden: `[b, n, B-1, H]`; labels / label_mask: `[b, n, B-1]`; weights: `[B-1]`.
     Returns `(loss, predicted token ids of the rows [N], row_index tuple)`.
@@ -92,6 +126,10 @@ def block_cross_entropy(hidden, drafter, lm_head, labels, label_mask, weights):
         targets = targets.clamp_min(0)
     ce = F.cross_entropy(logits, targets, reduction="none")
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
+    if soft is not None and soft_weight > 0:
+        kl, usable = soft_label_kl(logits, vocab_ids, soft[0][rows], soft[1][rows])
+        w_soft = weights.to(logits.device)[rows[2]] * usable
+        loss = (1 - soft_weight) * loss + soft_weight * (kl * w_soft).sum() / w_soft.sum().clamp_min(1e-8)
     predicted = logits.argmax(dim=-1)
     if vocab_ids is not None:
         predicted = vocab_ids[predicted]
@@ -125,7 +163,7 @@ class DrafterTrainer(Trainer):
         self.position_weights = position_weights(model.config.block_size, args.loss_decay_gamma)
         self.eval_domains = list(eval_domains) if eval_domains else None
         collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length, seed=args.seed,
-                                       reveal_prob=args.reveal_prob)
+                                       reveal_prob=args.reveal_prob, soft_labels=args.soft_label_weight > 0)
         self.eval_collator = DrafterDataCollator(model.config.block_size, args.num_anchors, args.max_length,
                                                  seed=args.eval_seed, domains=self.eval_domains)
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -191,8 +229,10 @@ class DrafterTrainer(Trainer):
         if "reveal_len" in inputs:  # revealed positions are given, not predicted
             k = torch.arange(1, label_mask.shape[-1] + 1, device=label_mask.device)
             label_mask = label_mask & (k > inputs["reveal_len"][..., None])
+        soft = (inputs["soft_ids"], inputs["soft_logits"]) if "soft_ids" in inputs else None
         loss, predicted, rows = block_cross_entropy(hidden, drafter, self.target_lm_head, inputs["labels"],
-                                                    label_mask, self.position_weights)
+                                                    label_mask, self.position_weights, soft,
+                                                    self.args.soft_label_weight)
         return (loss, (predicted, rows)) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -224,4 +264,4 @@ class DrafterTrainer(Trainer):
         return metrics
 
 
-__all__ = ["DrafterDataCollator", "DrafterTrainer", "accepted_lengths", "block_cross_entropy"]
+__all__ = ["DrafterDataCollator", "DrafterTrainer", "accepted_lengths", "block_cross_entropy", "soft_label_kl"]

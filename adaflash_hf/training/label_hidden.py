@@ -17,25 +17,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .blocks import gather_context
-from .data import fingerprint
+from .data import RECORDED_PER_TOKEN, fingerprint, recorded_features, teacher_forward
 from .label_store import CORPUS_PROMPT_LEN, RECORD_FORMAT, LabelStore, _right_padded, fcntl, store_dir
 
 
 logger = logging.getLogger(__name__)
-
-
-def recorded_features(width: int):
-    """The features of `data.record_targets` (the columns `DrafterTrainer` consumes)."""
-    import datasets
-
-    return datasets.Features({
-        "input_ids": datasets.Sequence(datasets.Value("int32")),
-        "prompt_len": datasets.Value("int32"),
-        "domain": datasets.Value("string"),
-        "target_argmax": datasets.Sequence(datasets.Value("int32")),
-        "hidden_states": datasets.Array2D(shape=(None, width), dtype="float16"),
-    })
 
 
 def hidden_cache_dir(target_name: str, target, target_layer_ids: list[int], root: Path | None = None) -> Path:
@@ -65,7 +51,6 @@ def _record_shard(target, items, target_layer_ids, features, path: Path, batch_s
     """Record one shard: sorted by length, one forward per batch; corpus labels are checked against the forward."""
     from datasets.arrow_writer import ArrowWriter
 
-    layers = [i + 1 for i in target_layer_ids]
     items = sorted(items, key=lambda item: len(item[3]["input_ids"]))
     tmp = path.with_name(path.name + ".tmp")
     keys = []
@@ -74,10 +59,8 @@ def _record_shard(target, items, target_layer_ids, features, path: Path, batch_s
         for start in range(0, len(items), batch_size):
             batch = items[start : start + batch_size]
             ids, mask, lens = _right_padded([data["input_ids"] for *_, data in batch])
-            out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                         output_hidden_states=layers)
-            context = gather_context(out.hidden_states, target_layer_ids).to(torch.float16).cpu().numpy()
-            argmax = out.logits.argmax(dim=-1).cpu().numpy().astype(np.int32)
+            recorded = teacher_forward(target, ids, mask, target_layer_ids)
+            argmax = recorded["target_argmax"]
             for row, (store, kind, entry, data) in enumerate(batch):
                 n = lens[row]
                 if kind == "corpus":
@@ -92,8 +75,7 @@ def _record_shard(target, items, target_layer_ids, features, path: Path, batch_s
                     "input_ids": data["input_ids"].astype(np.int32),
                     "prompt_len": int(entry["prompt_len"]) if kind == "responses" else CORPUS_PROMPT_LEN,
                     "domain": entry.get("domain", "unknown"),
-                    "target_argmax": argmax[row, :n],
-                    "hidden_states": context[row, :n],
+                    **{name: recorded[name][row, :n] for name in RECORDED_PER_TOKEN},
                 })
                 keys.append(_cache_key(store, kind, entry))
             bar.update(sum(lens))
@@ -170,4 +152,4 @@ def build_label_dataset(target, target_layer_ids: list[int], target_name: str,
     return full.select(indices)
 
 
-__all__ = ["build_label_dataset", "hidden_cache_dir", "recorded_features"]
+__all__ = ["build_label_dataset", "hidden_cache_dir"]

@@ -75,7 +75,7 @@ except ImportError:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: + the target's top-k next-token logits (soft labels)
 KINDS = ("responses", "corpus")
 CORPUS_PROMPT_LEN = 1
 """`prompt_len` of corpus chunks in the training dataset: the collator's first anchor is `max(prompt_len - 1, 1)`,

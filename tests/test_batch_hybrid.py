@@ -79,8 +79,14 @@ def test_row_source_uses_each_rows_own_averages():
     assert policy.row_source(0, 0, 0) == "drafter"
     policy.record([0, 1], ["lookup", "drafter"], [0, 3])
     assert policy.row_source(0, 3, 1) == "drafter"  # row 0: lookup accepted nothing, the batch's drafter: 3
-    policy.record([0], ["drafter"], [0])
-    assert policy.row_source(0, 3, 3) == "lookup"  # row 0's own drafter average (0) now beats the batch's
+    # A row's averages start from the batch's (a prior) and follow its own rounds: row 0's drafter keeps missing
+    # while row 1's hits, and row 0's lookup finds something once.
+    for _ in range(4):
+        policy.record([0, 1], ["drafter", "drafter"], [0, 3])
+    assert policy.rows[0]["drafter"] == pytest.approx(3 * 0.7 ** 4)  # from the batch's 3, not from 0
+    policy.record([0], ["lookup"], [3])
+    assert policy.row_source(0, 3, 3) == "lookup"  # row 0's own averages: lookup 0.9, drafter 0.72
+    assert policy.row_source(2, 3, 3) == "drafter"  # a new row follows the batch's: drafter beats lookup
 
 
 def test_rejection_sample_one_hot_rows_follow_p():

@@ -141,3 +141,25 @@ def test_each_row_is_scored_by_its_own_curve_within_a_run():
     assert policy.choose([0], [7], [0], CPU) == "plain"
     policy.start_run()
     assert policy.row_curves == {} and policy.expected_at("lookup", 7, row=1) == policy.expected_at("lookup", 7)
+
+
+def test_one_missed_round_at_the_start_of_a_request_does_not_leave_it_to_plain_rounds():
+    """A row's curve starts from the batch's (a prior): after a drafter that paid on earlier requests misses the
+    first round of a new one, the row still drafts; a row that keeps missing falls back to plain rounds."""
+    policy = ProposalPolicy(explore_every=1000)
+    assert policy.choose([0], [0], [7], CPU) == "draft"
+    policy.record([0], ["drafter"], [2], [7])
+    assert policy.choose([0], [0], [7], CPU) == "plain"  # both arms tried
+    for _ in range(6):  # earlier requests: the first two drafted tokens are usually right
+        assert policy.choose([0], [0], [7], CPU) == "draft"
+        policy.record([0], ["drafter"], [2], [policy.cut("draft") or 7])
+    policy.start_run()
+    assert policy.choose([1], [0], [7], CPU) == "draft"
+    policy.record([1], ["drafter"], [0], [policy.cut("draft") or 7])  # the new request's first block misses
+    assert policy.choose([1], [0], [7], CPU) == "draft"
+    arms = []
+    for _ in range(8):
+        arms.append(policy.choose([1], [0], [7], CPU))
+        if arms[-1] == "draft":
+            policy.record([1], ["drafter"], [0], [policy.cut("draft") or 7])
+    assert arms[-3:] == ["plain"] * 3

@@ -31,7 +31,9 @@ verifies only that much of the lookup continuation or of the drafted block (the 
 verified token costs (a CPU), a long lookup match whose first tokens are usually right pays at width 2-3 where its
 whole length does not; on a flat-cost accelerator the best width is the whole budget. Exploration rounds (and every
 `explore_every`-th round) verify one position deeper than the best, so the next position keeps being measured; an
-arm without a curve is probed one token deep. Before any curve exists, an arm is scored by the moving average of
+arm without a curve is probed one token deep. A row's curve and accepted-token average start from the batch's
+values (a prior), so one missed round at the start of a request moves the row's estimate by `decay`, not to zero:
+a request whose first drafted block fails is not left to plain rounds until the next retry. Before any curve exists, an arm is scored by the moving average of
 its accepted tokens at its whole budget.
 
 A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
@@ -268,30 +270,35 @@ class ProposalPolicy:
             sources = ["drafter" if s == "none" else s for s in sources]
             self.pending = None
         d = self.decay
+        # a row's estimates start from the batch's as they were before this round (a prior), not from one round
+        prior_accepted, prior_curves = dict(self.accepted), {s: list(c) for s, c in self.curves.items()}
         for r, source, a in zip(rows, sources, accepted):
             if source not in SOURCES:
                 continue
             row = self.rows.setdefault(r, {})
-            for table in (row, self.accepted):
-                old = table.get(source)
+            for table, old in ((row, row.get(source, prior_accepted[source])), (self.accepted, self.accepted[source])):
                 table[source] = float(a) if old is None else old + d * (a - old)
         for r, source, a, v in zip(rows, sources, accepted, verified or []):
             if source in SOURCES:  # a drafted block cut to nothing counts as a miss at its first position
-                for curve in (self.curves[source], self.row_curves.setdefault(r, {}).setdefault(source, [])):
-                    self._record_positions(curve, int(a), max(int(v), 1))
+                self._record_positions(self.curves[source], int(a), max(int(v), 1))
+                row_curve = self.row_curves.setdefault(r, {}).setdefault(source, [])
+                self._record_positions(row_curve, int(a), max(int(v), 1), prior_curves[source])
         drafted = [v for s, v in zip(sources, verified or []) if s == "drafter"]
         if drafted:
             w = float(max(drafted))
             self.width = w if self.width is None else self.width + d * (w - self.width)
 
-    def _record_positions(self, curve: list, accepted: int, verified: int) -> None:
-        """Positions `1 .. min(accepted + 1, verified)` were reached; those `<= accepted` were accepted."""
+    def _record_positions(self, curve: list, accepted: int, verified: int, prior: list | None = None) -> None:
+        """Positions `1 .. min(accepted + 1, verified)` were reached; those `<= accepted` were accepted. A position
+        seen for the first time starts from `prior`'s value there (a row's curve: the batch's), else from the hit."""
         for k in range(min(accepted + 1, verified)):
             hit = float(k < accepted)
             if k == len(curve):
-                curve.append(hit)
-            else:
-                curve[k] += self.decay * (hit - curve[k])
+                if not prior or k >= len(prior):
+                    curve.append(hit)
+                    continue
+                curve.append(prior[k])
+            curve[k] += self.decay * (hit - curve[k])
 
 
 __all__ = ["ARMS", "LEARNING_EXPLORE", "SCHEDULES", "SOURCES", "ProposalPolicy"]

@@ -37,8 +37,28 @@ def test_calibration_measures_rows_1_and_b_and_widths_1_and_the_block():
     cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 8), context_length=16, repeats=3,
                                      budget_s=0.0, progress=False, attempts=1)
     assert {b: sorted(row) for b, row in cost.points.items()} == {1: [1, 5], 8: [1, 5]} and sorted(cost.draft) == [1, 8]
-    # budget 0: every point is one run; each batch size prefills ONE row of context (then repeated to b rows)
-    assert forwards == [(1, 16), (1, 1), (1, 5), (1, 16), (8, 1), (8, 5)]
+    # budget 0: every point is a warm-up and one timed run; each batch size prefills ONE row of context (then
+    # repeated to b rows)
+    assert forwards == [(1, 16), (1, 1), (1, 1), (1, 5), (1, 5), (1, 16), (8, 1), (8, 1), (8, 5), (8, 5)]
+
+
+def test_a_slow_first_call_of_a_shape_is_never_the_measurement():
+    """The first forward of a new shape pays for allocations: a slow point is still timed after its warm-up."""
+    import time
+
+    target, _ = _pair(block_size=5)
+    seen = set()
+
+    def slow_first_call(module, args, kwargs):
+        shape = tuple(kwargs["input_ids"].shape)
+        if shape not in seen:
+            seen.add(shape)
+            time.sleep(0.3)
+
+    target.register_forward_pre_hook(slow_first_call, with_kwargs=True)
+    cost = TargetCostModel.calibrate(target, None, num_tokens=(1, 5), batch_sizes=(1, 4), context_length=16,
+                                     repeats=3, budget_s=0.1, progress=False, attempts=1)
+    assert all(t < 0.3 for row in cost.points.values() for t in row.values())
 
 
 def test_the_rest_is_interpolated_as_computed_by_hand(cache):

@@ -215,8 +215,8 @@ class TargetCostModel:
         Args:
             num_tokens: verify widths to measure (default `calibration_tokens(drafter)`: 1 and the block).
             batch_sizes: rows to measure (`cost_model_for` asks for 1 and the call's batch size).
-            repeats: a point is the median of this many timed runs after one warm-up, fewer once the runs of the
-                point took `budget_s` seconds, and the warm-up alone when it took that long.
+            repeats: a point is the median of this many timed runs after one warm-up, fewer (at least one) once
+                the point took `budget_s` seconds; the warm-up is never timed.
             progress: show a progress bar over the points.
             seed: of the private generator drawing the random inputs (the global RNG is not touched).
             attempts: a measurement with `inconsistencies()` (the machine was busy) is repeated, up to this many
@@ -258,11 +258,12 @@ class TargetCostModel:
             return time.perf_counter() - start
 
         def timed(fn) -> float:
-            spent = once(fn)  # warm-up
-            if spent >= budget_s:  # a slow point: first-call overheads are small next to it
-                return spent
+            # The warm-up is never the measurement, even for a slow point: the first call of a new shape pays for
+            # allocations (64 rows x 1 token on a CPU: 1.24 s warm vs 0.5 s after), which once made large batches
+            # look ~2x dearer per plain round and speculation look cheap there. At least one run follows it.
+            spent = once(fn)
             times = []
-            for _ in range(repeats):
+            for _ in range(max(repeats, 1)):
                 times.append(once(fn))
                 spent += times[-1]
                 if spent >= budget_s:

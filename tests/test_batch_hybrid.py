@@ -306,3 +306,31 @@ def test_a_lookup_swapped_into_a_draft_round_is_cut_to_the_drafted_width_in_both
     assert out == reference
     batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if s == "lookup"]
     assert bs1 and batch and max(bs1) == 3 and max(batch) == 3
+
+
+def test_both_engines_score_unverified_lookups_in_hindsight(monkeypatch):
+    """Rounds that found a lookup continuation but verified something else hand it to `record_hindsight` with what
+    they committed (matched <= known, and known = the round's committed tokens); outputs stay greedy."""
+    target = make_tiny_target(seed=23)
+    prompts = _mixed_prompts(6, seed=3)
+    reference = [_reference(target, p, 24) for p in prompts]
+    calls = []
+    real = ProposalPolicy.record_hindsight
+
+    def spy(self, rows, matched, known, lengths):
+        calls.append([(a, k, n) for a, k, n in zip(matched, known, lengths) if n > 0])
+        return real(self, rows, matched, known, lengths)
+
+    monkeypatch.setattr(ProposalPolicy, "record_hindsight", spy)
+    drafter = _drafter(target, block_size=4, allow_no_draft=True, prompt_lookup_num_tokens=8)
+    SpeculationRuntime(cost_model=device_cost({1: {1: 1.0, 4: 1.6}, 8: {1: 2.0, 4: 4.0}}, draft=0.2)).attach(drafter)
+    for p, ref in zip(prompts, reference):
+        out, _ = speculate(target, torch.tensor([p]), drafter, max_new_tokens=24, do_sample=False)
+        assert out[0, len(p):].tolist() == ref
+    bs1, calls[:] = [c for call in calls for c in call], []
+    out = generate_batch(target, drafter, prompts, 24)
+    assert out == reference
+    batch = [c for call in calls for c in call]
+    for seen in (bs1, batch):
+        assert seen and all(0 <= a <= k and a <= n for a, k, n in seen)
+        assert any(a > 0 for a, _, _ in seen)  # the repeated phrase: unverified continuations that were right

@@ -163,3 +163,37 @@ def test_one_missed_round_at_the_start_of_a_request_does_not_leave_it_to_plain_r
         if arms[-1] == "draft":
             policy.record([1], ["drafter"], [0], [policy.cut("draft") or 7])
     assert arms[-3:] == ["plain"] * 3
+
+
+def test_an_unverified_lookup_is_scored_in_hindsight_on_what_the_round_committed():
+    """Only committed positions are known: a plain round tells position 1, a draft round with 2 accepted tells
+    positions 1-3; a continuation already verified (length 0 here) or absent teaches nothing."""
+    policy = ProposalPolicy(decay=0.5)
+    policy.record_hindsight([0], [1], [1], [10])  # plain round: the continuation's first token was right
+    assert policy.curves["lookup"] == [1.0] and policy.row_curves[0]["lookup"] == [1.0]
+    policy.record_hindsight([0], [3], [3], [10])  # all 3 committed tokens matched: positions 1-3 right, 4+ unknown
+    assert policy.curves["lookup"] == [1.0, 1.0, 1.0]
+    policy.record_hindsight([0, 1], [1, 0], [3, 1], [2, 0])  # row 0: 2nd token wrong; row 1: no continuation
+    assert policy.curves["lookup"] == [1.0, 0.5, 1.0] and 1 not in policy.row_curves
+    policy.frozen = True
+    policy.record_hindsight([0], [0], [1], [5])
+    assert policy.curves["lookup"] == [1.0, 0.5, 1.0]
+
+
+def test_while_plain_rounds_run_a_lookup_that_would_pay_is_noticed_without_a_retry():
+    """A long-lived policy has seen lookups fail (its lookup arm retried rarely); on a request where every lookup
+    continuation is right, hindsight over the plain rounds raises the row's curve until lookup is chosen."""
+    policy = ProposalPolicy(explore_every=1000)
+    for _ in range(3):
+        policy.choose([0], [5], [0], CPU)
+        policy.record([0], ["lookup"], [0], [5])
+    policy.start_run()
+    arms = []
+    for _ in range(6):
+        arm = policy.choose([1], [5], [0], CPU)
+        arms.append(arm)
+        if arm == "plain":
+            policy.record_hindsight([1], [1], [1], [5])  # the continuation's first token was what plain committed
+        else:
+            break
+    assert arms[0] == "plain" and arms[-1] == "lookup"

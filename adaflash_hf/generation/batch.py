@@ -60,7 +60,8 @@ from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
-from .proposers import BlockDraftProposer, DraftRows, LookupProposer, NoDraftProposer, Proposals, swap_in_lookup
+from .proposers import (BlockDraftProposer, DraftRows, LookupProposer, NoDraftProposer, Proposals, lookup_hindsight,
+                        swap_in_lookup)
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
 from .sampler import SpeculativeSampler, rejection_sample
 from .stats import BatchStats, PhaseTimer
@@ -310,7 +311,7 @@ class AdaFlashBatchGenerator:
         timer.lap("verify")
         accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
                                                 proposals.one_hot, rows.sequences)
-        self._advance(run, batch, out, proposals, accepted, next_tok)
+        self._advance(run, batch, out, proposals, accepted, next_tok, lookup)
         timer.lap("accept")
 
     def _choose_arm(self, run: BatchRun, rows: DraftRows, room: list[int]) -> tuple[str, Proposals | None]:
@@ -339,8 +340,10 @@ class AdaFlashBatchGenerator:
         out.position_ids = position_ids
         return out
 
-    def _advance(self, run: BatchRun, batch: BatchState, out, proposals: Proposals, accepted, next_tok) -> None:
-        """Caches, context and positions move on; policy, length rule and online adapter learn; tokens commit."""
+    def _advance(self, run: BatchRun, batch: BatchState, out, proposals: Proposals, accepted, next_tok,
+                 lookup: Proposals | None = None) -> None:
+        """Caches, context and positions move on; policy, length rule and online adapter learn; tokens commit.
+        `lookup`: the rows' lookup continuations of this round (scored in hindsight where not verified)."""
         m = proposals.drafts.shape[1]
         j = torch.arange(m + 1, device=self.device)
         batch.target.append(j[None, :] <= accepted[:, None])
@@ -369,6 +372,9 @@ class AdaFlashBatchGenerator:
         if run.lookup is not None:  # the rows' texts grow by their committed tokens
             new = torch.cat([proposals.drafts, next_tok[:, None]], dim=1).scatter(1, accepted[:, None], next_tok[:, None])
             run.lookup.append(batch.prompt_tensor, new, accepted + 1)
+            hindsight = lookup_hindsight(lookup, new, accepted + 1, proposals.sources)
+            if hindsight is not None:
+                run.policy.record_hindsight(batch.prompt_idx, *hindsight)
         batch.next_pos = batch.next_pos + accepted + 1
         batch.last_tok = next_tok
         stats = run.stats

@@ -36,7 +36,7 @@ from .cost_model import cost_model_for
 from .drafting import LengthChooser
 from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
-from .proposers import BlockDraftProposer, DraftRows, LookupProposer, Proposals
+from .proposers import BlockDraftProposer, DraftRows, LookupProposer, Proposals, lookup_hindsight
 from .ragged_cache import RaggedCache
 from .runtime import generation_config_of, runtime_of
 from .sampler import SpeculativeSampler
@@ -97,6 +97,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self._window: torch.Tensor | None = None  # the last `context_window` context states, [1, W, F]
         self._online_round: tuple | None = None  # (noise_embeds, context window, position_ids[, logits]) of a draft
         self._deferred: tuple | None = None  # a round whose raw target logits arrive with the next model_outputs
+        self._found: torch.Tensor | None = None  # the round's lookup continuation `[1, n]` (None: no match)
 
     def cost_model(self):
         """The target's cost model on this device (cached per device; measured once when missing)."""
@@ -132,6 +133,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
             return self._propose(input_ids, None, "none", start)
 
         lookup_ids, lookup_len = self._look_up(input_ids, room)  # up to prompt_lookup_num_tokens, not the block
+        self._found = None if lookup_ids is None else lookup_ids[:, input_ids.shape[1] :]  # scored in hindsight
         allow = self.knobs.allow_no_draft
         arm = self.policy.choose([0], [lookup_len], [budget], self.cost_model() if allow else None,
                                  allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None)
@@ -254,6 +256,13 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.accepted.append(num_matches)
         if n > 0:
             self.policy.record([0], [source], [num_matches], [n])
+        if self._found is not None:  # as the batched engine: an unverified lookup continuation, in hindsight
+            committed = input_ids[:, self._cur_len :]
+            found = Proposals("lookup", self._found, torch.tensor([self._found.shape[1]]), ["lookup"])
+            hindsight = lookup_hindsight(found, committed, torch.tensor([committed.shape[1]], device=committed.device),
+                                         [source])
+            self.policy.record_hindsight([0], *hindsight)
+            self._found = None
         if source == "drafter":
             self.lengths.update([n], [num_matches])
 

@@ -33,7 +33,9 @@ whole length does not; on a flat-cost accelerator the best width is the whole bu
 `explore_every`-th round) verify one position deeper than the best, so the next position keeps being measured; an
 arm without a curve is probed one token deep. A row's curve and accepted-token average start from the batch's
 values (a prior), so one missed round at the start of a request moves the row's estimate by `decay`, not to zero:
-a request whose first drafted block fails is not left to plain rounds until the next retry. Before any curve exists, an arm is scored by the moving average of
+a request whose first drafted block fails is not left to plain rounds until the next retry. A lookup continuation
+found but not verified is scored in hindsight against the tokens the round committed (`record_hindsight`), so the
+lookup curves keep learning while the drafter or plain rounds run. Before any curve exists, an arm is scored by the moving average of
 its accepted tokens at its whole budget.
 
 A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
@@ -287,6 +289,23 @@ class ProposalPolicy:
         if drafted:
             w = float(max(drafted))
             self.width = w if self.width is None else self.width + d * (w - self.width)
+
+    def record_hindsight(self, rows: list, matched: list[int], known: list[int], lengths: list[int]) -> None:
+        """Lookup continuations a round found but did not verify, scored against what it committed: free evidence.
+
+        Per row: `lengths` the continuation's length (0: none, or it was verified: skipped), `known` the tokens the
+        round committed, `matched` how many leading continuation tokens equal them. Only positions within what was
+        committed are known (a plain round tells position 1, a draft round with `a` accepted positions 1..a+1), so
+        the lookup curves learn, from counts alone, whether a lookup would have paid on this text while other arms
+        run, and an arm that would have paid is chosen without waiting for its next retry."""
+        if self.frozen:
+            return
+        prior = list(self.curves["lookup"])
+        for r, a, k, n in zip(rows, matched, known, lengths):
+            if n > 0 and k > 0:
+                self._record_positions(self.curves["lookup"], int(a), min(int(n), int(k)))
+                curve = self.row_curves.setdefault(r, {}).setdefault("lookup", [])
+                self._record_positions(curve, int(a), min(int(n), int(k)), prior)
 
     def _record_positions(self, curve: list, accepted: int, verified: int, prior: list | None = None) -> None:
         """Positions `1 .. min(accepted + 1, verified)` were reached; those `<= accepted` were accepted. A position

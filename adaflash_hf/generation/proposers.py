@@ -234,6 +234,25 @@ def swap_in_lookup(draft: Proposals, lookup: Proposals | None, policy, keys: lis
     return draft
 
 
+def lookup_hindsight(lookup: Proposals | None, committed: torch.Tensor, counts: torch.Tensor, verified: list[str]
+                     ) -> tuple[list[int], list[int], list[int]] | None:
+    """How the rows' unverified lookup continuations would have fared against what the round committed (for
+    `ProposalPolicy.record_hindsight`): `(matched, known, lengths)` per row, lengths 0 for rows without a
+    continuation or whose continuation was verified (`verified[r] == "lookup"`). None without lookup.
+
+    committed: `[b, w]` each row's committed tokens this round (the first `counts[r]` are valid)."""
+    if lookup is None or lookup.drafts.shape[1] == 0:
+        return None
+    width = min(lookup.drafts.shape[1], committed.shape[1])
+    device = committed.device
+    same = lookup.drafts[:, :width].to(device) == committed[:, :width]
+    j = torch.arange(width, device=device)
+    same &= (j[None] < counts[:, None]) & (j[None] < lookup.lengths.to(device)[:, None])
+    matched = same.long().cumprod(dim=1).sum(dim=1).tolist()
+    lengths = [0 if source == "lookup" else n for n, source in zip(lookup.lengths_list(), verified)]
+    return matched, counts.tolist(), lengths
+
+
 def _finite(logits: torch.Tensor) -> torch.Tensor:
     """Non-finite drafted positions zeroed (they are never verified; the sampler must not see NaNs there)."""
     bad = ~torch.isfinite(logits).all(dim=-1, keepdim=True)
@@ -241,4 +260,4 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["BlockDraftProposer", "DraftRows", "LookupProposer", "NoDraftProposer", "Proposals", "Proposer",
-           "swap_in_lookup"]
+           "lookup_hindsight", "swap_in_lookup"]

@@ -13,6 +13,11 @@ CPU time and saves a checkpoint there. Every evaluation appends `eval_tau_proxy`
 drafter-only greedy serving gets on the store's held-out responses) to `eval_curve.json`, with the cumulative
 training CPU seconds: that curve is the campaign's progress.
 
+Recording costs one teacher-forced target forward per stored token: ~400 tokens/s on 2 CPU threads, so the whole
+store (1.2M tokens) takes ~50 minutes there, and a new machine starts with an empty cache. A leg on a slice of the
+store records only that slice: `--name sub300 -- --max_responses_per_domain 300` (the first 300 responses of each
+domain, ~20 minutes; a change of data or recipe is a new campaign name, so curves stay comparable).
+
 A leg never replaces the shipped drafter. Promote one only when its served tau on held-out prompts beats the
 shipped one: `adaflash-hf compare --drafters <shipped>,<campaign>/best --labels shipped,campaign`.
 """

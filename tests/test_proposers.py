@@ -196,3 +196,17 @@ def test_both_engines_look_up_through_the_one_proposer(monkeypatch):
     engine[0] = "batch"
     assert generate_batch(target, drafter, [prompt], max_new) == [_reference(target, prompt, max_new)]
     assert calls["batch"]
+
+
+def test_lookup_hindsight_scores_rows_that_verified_nothing_against_their_committed_tokens():
+    """Matched = leading continuation tokens equal to the committed ones (within both lengths); only rows whose round
+    verified no proposal count (a drafter's accepted tokens are the easy stretches: a biased sample)."""
+    from adaflash_hf.generation.proposers import Proposals, lookup_hindsight
+
+    lookup = Proposals("lookup", torch.tensor([[4, 5, 6], [4, 5, 6], [7, 8, 0], [1, 2, 3]]),
+                       torch.tensor([3, 3, 2, 3]), ["lookup"] * 4)
+    committed = torch.tensor([[4, 9, 0], [4, 5, 6], [7, 8, 9], [1, 2, 3]])
+    matched, known, lengths = lookup_hindsight(lookup, committed, torch.tensor([3, 1, 3, 3]),
+                                               ["none", "none", "none", "drafter"])
+    assert matched == [1, 1, 2, 3] and known == [3, 1, 3, 3] and lengths == [3, 3, 2, 0]
+    assert lookup_hindsight(None, committed, torch.tensor([1, 1, 1, 1]), ["none"] * 4) is None

@@ -343,7 +343,7 @@ class AdaFlashBatchGenerator:
     def _advance(self, run: BatchRun, batch: BatchState, out, proposals: Proposals, accepted, next_tok,
                  lookup: Proposals | None = None) -> None:
         """Caches, context and positions move on; policy, length rule and online adapter learn; tokens commit.
-        `lookup`: the rows' lookup continuations of this round (scored in hindsight where not verified)."""
+        `lookup`: the rows' lookup continuations of this round (scored in hindsight where a row verified nothing)."""
         m = proposals.drafts.shape[1]
         j = torch.arange(m + 1, device=self.device)
         batch.target.append(j[None, :] <= accepted[:, None])

@@ -34,8 +34,8 @@ whole length does not; on a flat-cost accelerator the best width is the whole bu
 arm without a curve is probed one token deep. A row's curve and accepted-token average start from the batch's
 values (a prior), so one missed round at the start of a request moves the row's estimate by `decay`, not to zero:
 a request whose first drafted block fails is not left to plain rounds until the next retry. A lookup continuation
-found but not verified is scored in hindsight against the tokens the round committed (`record_hindsight`), so the
-lookup curves keep learning while the drafter or plain rounds run. Before any curve exists, an arm is scored by the moving average of
+found in a round that verified no proposal is scored in hindsight against the token the round committed
+(`record_hindsight`), so the lookup curves keep learning while plain rounds run. Before any curve exists, an arm is scored by the moving average of
 its accepted tokens at its whole budget.
 
 A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
@@ -293,11 +293,11 @@ class ProposalPolicy:
     def record_hindsight(self, rows: list, matched: list[int], known: list[int], lengths: list[int]) -> None:
         """Lookup continuations a round found but did not verify, scored against what it committed: free evidence.
 
-        Per row: `lengths` the continuation's length (0: none, or it was verified: skipped), `known` the tokens the
-        round committed, `matched` how many leading continuation tokens equal them. Only positions within what was
-        committed are known (a plain round tells position 1, a draft round with `a` accepted positions 1..a+1), so
-        the lookup curves learn, from counts alone, whether a lookup would have paid on this text while other arms
-        run, and an arm that would have paid is chosen without waiting for its next retry."""
+        Per row: `lengths` the continuation's length (0: skipped), `known` the tokens the round committed, `matched`
+        how many leading continuation tokens equal them. Only positions within what was committed are known (a plain
+        round tells position 1), so the lookup curves learn, from counts alone, whether a lookup would have paid on
+        this text while plain rounds run, and an arm that would have paid is chosen without waiting for its next
+        retry. The engines pass rows that verified no proposal only (`proposers.lookup_hindsight`)."""
         if self.frozen:
             return
         prior = list(self.curves["lookup"])

@@ -237,8 +237,10 @@ def swap_in_lookup(draft: Proposals, lookup: Proposals | None, policy, keys: lis
 def lookup_hindsight(lookup: Proposals | None, committed: torch.Tensor, counts: torch.Tensor, verified: list[str]
                      ) -> tuple[list[int], list[int], list[int]] | None:
     """How the rows' unverified lookup continuations would have fared against what the round committed (for
-    `ProposalPolicy.record_hindsight`): `(matched, known, lengths)` per row, lengths 0 for rows without a
-    continuation or whose continuation was verified (`verified[r] == "lookup"`). None without lookup.
+    `ProposalPolicy.record_hindsight`): `(matched, known, lengths)` per row. Only rows that verified no proposal
+    (`verified[r] == "none"`: a plain round, or a block cut to nothing) count: their committed token is the target's
+    whatever the text, whereas the tokens a drafter got accepted are the easy stretches, where lookup looks better
+    than it is. Other rows, and rows without a continuation, get length 0. None without lookup.
 
     committed: `[b, w]` each row's committed tokens this round (the first `counts[r]` are valid)."""
     if lookup is None or lookup.drafts.shape[1] == 0:
@@ -249,7 +251,7 @@ def lookup_hindsight(lookup: Proposals | None, committed: torch.Tensor, counts: 
     j = torch.arange(width, device=device)
     same &= (j[None] < counts[:, None]) & (j[None] < lookup.lengths.to(device)[:, None])
     matched = same.long().cumprod(dim=1).sum(dim=1).tolist()
-    lengths = [0 if source == "lookup" else n for n, source in zip(lookup.lengths_list(), verified)]
+    lengths = [n if source == "none" else 0 for n, source in zip(lookup.lengths_list(), verified)]
     return matched, counts.tolist(), lengths
 
 

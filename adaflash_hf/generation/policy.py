@@ -35,8 +35,8 @@ arm without a curve is probed one token deep. A row's curve and accepted-token a
 values (a prior), so one missed round at the start of a request moves the row's estimate by `decay`, not to zero:
 a request whose first drafted block fails is not left to plain rounds until the next retry. A lookup continuation
 found in a round that verified no proposal is scored in hindsight against the token the round committed
-(`record_hindsight`), so the lookup curves keep learning while plain rounds run. Before any curve exists, an arm is scored by the moving average of
-its accepted tokens at its whole budget.
+(`record_hindsight`), so the lookup curves keep learning while plain rounds run. Before any curve exists, an arm
+is scored by the moving average of its accepted tokens at its whole budget.
 
 A draft round whose rows verified none of their block (the length rule chose 0 drafted tokens, or the drafts were
 not usable) still paid for the drafter's forward: it counts as 0 accepted drafter tokens for those rows, whether the

@@ -256,28 +256,35 @@ def test_online_adapter_in_batches_is_lossless_and_learns_across_calls(hybrid, m
 FLAT = device_cost({1: {1: 1.0, 8: 1.0}, 8: {1: 1.0, 8: 1.0}}, draft=0.5)  # every width costs the same
 
 
+PHRASE_PROMPTS = [([5, 9, 14, 3, 27, 11, 8, 30] * 5)[: 20 + 3 * r] for r in range(4)]  # lookup finds 8-token matches
+
+
+def _verified_widths(target, drafter, prompts, reference, max_new, counted):
+    """Both engines decode `prompts` (outputs checked against `reference`); the verify widths of the rows whose
+    source passes `counted`: `(bs=1 widths, batched widths)`."""
+    bs1 = []
+    for p, ref in zip(prompts, reference):
+        out, stats = speculate(target, torch.tensor([p]), drafter, max_new_tokens=max_new, do_sample=False)
+        assert out[0, len(p):].tolist() == ref
+        bs1 += [n for n, s in zip(stats.drafted, stats.proposers) if counted(s)]
+    out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True)
+    assert out == reference
+    batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if counted(s)]
+    return bs1, batch
+
+
 def test_lookup_reaches_prompt_lookup_num_tokens_past_the_block_and_both_engines_verify_the_policys_width(
         monkeypatch):
     """Lookup continuations are capped by `prompt_lookup_num_tokens` (8 here), not by the drafter's block (3
     drafted tokens): on a flat-cost device whole 8-token matches are verified. With the policy's width forced to 2,
     every lookup round and every drafted block verifies at most 2 tokens in both engines. Outputs stay greedy."""
     target = make_tiny_target(seed=23)
-    prompts = [([5, 9, 14, 3, 27, 11, 8, 30] * 5)[: 20 + 3 * r] for r in range(4)]
-    max_new = 24
-    reference = [_reference(target, p, max_new) for p in prompts]
+    reference = [_reference(target, p, 24) for p in PHRASE_PROMPTS]
 
     def widths():
         drafter = _drafter(target, block_size=4, allow_no_draft=True, prompt_lookup_num_tokens=8)
         SpeculationRuntime(cost_model=FLAT).attach(drafter)
-        bs1 = []
-        for p, ref in zip(prompts, reference):
-            out, stats = speculate(target, torch.tensor([p]), drafter, max_new_tokens=max_new, do_sample=False)
-            assert out[0, len(p):].tolist() == ref
-            bs1 += [n for n, s in zip(stats.drafted, stats.proposers) if s != "none"]
-        out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True)
-        assert out == reference
-        batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if s != "none"]
-        return bs1, batch
+        return _verified_widths(target, drafter, PHRASE_PROMPTS, reference, 24, lambda s: s != "none")
 
     bs1, batch = widths()
     assert max(bs1) == 8 and max(batch) == 8  # past the block's 3 drafted tokens
@@ -292,19 +299,10 @@ def test_a_lookup_swapped_into_a_draft_round_is_cut_to_the_drafted_width_in_both
     """Where every round drafts (`allow_no_draft=False`), a row's lookup continuation replaces its block only at
     the block's width: both engines verify at most the 3 drafted tokens although matches reach 8 tokens."""
     target = make_tiny_target(seed=23)
-    prompts = [([5, 9, 14, 3, 27, 11, 8, 30] * 5)[: 20 + 3 * r] for r in range(4)]
-    max_new = 24
-    reference = [_reference(target, p, max_new) for p in prompts]
+    reference = [_reference(target, p, 24) for p in PHRASE_PROMPTS]
     drafter = _drafter(target, block_size=4, allow_no_draft=False, prompt_lookup_num_tokens=8)
     SpeculationRuntime(cost_model=FLAT).attach(drafter)
-    bs1 = []
-    for p, ref in zip(prompts, reference):
-        out, stats = speculate(target, torch.tensor([p]), drafter, max_new_tokens=max_new, do_sample=False)
-        assert out[0, len(p):].tolist() == ref
-        bs1 += [n for n, s in zip(stats.drafted, stats.proposers) if s == "lookup"]
-    out, stats = generate_batch(target, drafter, prompts, max_new, return_stats=True)
-    assert out == reference
-    batch = [v for srcs, ver in zip(stats.sources, stats.verified) for s, v in zip(srcs, ver) if s == "lookup"]
+    bs1, batch = _verified_widths(target, drafter, PHRASE_PROMPTS, reference, 24, lambda s: s == "lookup")
     assert bs1 and batch and max(bs1) == 3 and max(batch) == 3
 
 

@@ -1,5 +1,6 @@
 """Offline drafter training on a tiny target: loss goes down, acceptance goes up, checkpoints resume."""
 
+import copy
 import json
 
 import pytest
@@ -162,6 +163,28 @@ def test_store_training_data_and_a_response_only_draft_vocabulary(tmp_path):
     assert set(vocab.tolist()) <= seen  # corpus text does not enter the draft vocabulary
     with pytest.raises(FileNotFoundError, match="label_data"):
         store_training_data(target, "no-such-target", [0, 2], root=tmp_path, progress=False)
+
+
+def test_hidden_states_recorded_by_a_bf16_copy_are_cached_apart_and_close_to_fp32(tmp_path):
+    from adaflash_hf.training.label_hidden import hidden_cache_dir
+    from adaflash_hf.training.store_data import store_training_data
+
+    target, *_ = _tiny_store(tmp_path)
+    kwargs = dict(corpus_ratio=0.0, holdout_permille=300, val_per_domain=2, root=tmp_path, progress=False)
+    fp32 = store_training_data(target, "tiny", [0, 2], **kwargs)
+    bf16 = store_training_data(target, "tiny", [0, 2], record_dtype=torch.bfloat16, **kwargs)
+    assert target.dtype == torch.float32  # the caller's target is not converted
+    folders = [hidden_cache_dir("tiny", target, [0, 2], tmp_path),
+               hidden_cache_dir("tiny", copy.deepcopy(target).to(torch.bfloat16), [0, 2], tmp_path)]
+    assert folders[0] != folders[1] and all(any(f.glob("shard-*.arrow")) for f in folders)
+    assert [r["input_ids"].tolist() for r in bf16.train.with_format("numpy")] == \
+        [r["input_ids"].tolist() for r in fp32.train.with_format("numpy")]
+    a = torch.cat([torch.as_tensor(r["hidden_states"]) for r in fp32.train.with_format("numpy")]).float()
+    b = torch.cat([torch.as_tensor(r["hidden_states"]) for r in bf16.train.with_format("numpy")]).float()
+    assert not torch.equal(a, b)  # really recorded in bf16 ...
+    assert (a - b).norm() < 0.05 * a.norm()  # ... and close to the fp32 recording
+    with pytest.raises(ValueError, match="corpus store"):  # corpus labels are checked in the labelling dtype
+        store_training_data(target, "tiny", [0, 2], **{**kwargs, "corpus_ratio": 1.0}, record_dtype=torch.bfloat16)
 
 
 def test_eval_reports_tau_proxy_per_domain(recorded, tmp_path):

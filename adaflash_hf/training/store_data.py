@@ -23,6 +23,7 @@ vocab, coverage = data.draft_vocab(8192, always=[eos_id])
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +103,7 @@ def store_training_data(target, target_name: str, target_layer_ids: list[int], *
                         corpus_dtype=None, corpus_ratio: float = 1.0, max_responses_per_domain: int | None = None,
                         max_corpus_tokens: int | None = None, domains=None, holdout_permille: int = 50,
                         val_per_domain: int | None = 32, root: Path | None = None, record_batch_size: int = 4,
-                        progress: bool = True) -> StoreTrainingData:
+                        record_dtype=None, progress: bool = True) -> StoreTrainingData:
     """Training and validation datasets of the label stores of `target_name` (hidden states recorded by `target`,
     cached per entry, so a later call on a grown store records only the new entries).
 
@@ -113,6 +114,9 @@ def store_training_data(target, target_name: str, target_layer_ids: list[int], *
         corpus_ratio, max_responses_per_domain, max_corpus_tokens, domains: as `select_entries` (the held-out
             entries are counted in the ratio, then left out).
         holdout_permille, val_per_domain: the held-out slice (see `split_holdout`).
+        record_dtype: record the hidden states with a copy of `target` in this dtype (cached apart from the other
+            dtypes' recordings). On a CPU with bf16 instructions a bf16 copy records ~2x faster than fp32; the
+            drafter still trains against `target`'s own (e.g. fp32) embedding and LM head.
     """
     corpus_dtype = corpus_dtype or target.dtype
     stores = {}
@@ -133,11 +137,17 @@ def store_training_data(target, target_name: str, target_layer_ids: list[int], *
     train_sel, val_sel = split_holdout(selection, holdout_permille, val_per_domain, candidates=candidates)
     if not train_sel:
         raise ValueError(f"The label store selection of {target_name!r} holds no training entries")
+    recorder = target
+    if record_dtype is not None and record_dtype != target.dtype:
+        if stores["corpus"] is not None and corpus_ratio > 0 and record_dtype != corpus_dtype:
+            raise ValueError(f"record_dtype={record_dtype} differs from the corpus store's dtype {corpus_dtype}: the "
+                             "recording forward checks the corpus labels, so it must run in the labelling dtype")
+        recorder = copy.deepcopy(target).to(record_dtype)
     # One call records every missing entry; the two datasets are then read from the cache.
-    build_label_dataset(target, target_layer_ids, target_name, train_sel + val_sel,
+    build_label_dataset(recorder, target_layer_ids, target_name, train_sel + val_sel,
                         record_batch_size=record_batch_size, root=root, progress=progress)
-    train = build_label_dataset(target, target_layer_ids, target_name, train_sel, root=root, progress=False)
-    val = build_label_dataset(target, target_layer_ids, target_name, val_sel, root=root, progress=False)
+    train = build_label_dataset(recorder, target_layer_ids, target_name, train_sel, root=root, progress=False)
+    val = build_label_dataset(recorder, target_layer_ids, target_name, val_sel, root=root, progress=False)
     info = {"stores": {k: str(s.path) for k, s in stores.items() if s is not None},
             "corpus_ratio": corpus_ratio, "max_responses_per_domain": max_responses_per_domain,
             "max_corpus_tokens": max_corpus_tokens, "holdout_permille": holdout_permille,
@@ -162,6 +172,9 @@ class StoreDataArguments:
     val_per_domain: int = field(default=32, metadata={"help": "label store: held-out responses per domain to eval"})
     label_dtype: str = field(default="float32", metadata={
         "help": "label store: dtype of the corpus labels and hidden states (the target is loaded in it)"})
+    record_dtype: str | None = field(default=None, metadata={
+        "help": "label store: record hidden states with a copy of the target in this dtype (bfloat16: ~2x faster "
+                "on CPUs with bf16 instructions; cached apart); default: the target's dtype"})
 
     def load(self, target, target_name: str, target_layer_ids: list[int], response_dtype,
              progress: bool = True) -> StoreTrainingData:
@@ -169,7 +182,8 @@ class StoreDataArguments:
         return store_training_data(
             target, target_name, target_layer_ids, response_dtype=response_dtype, corpus_ratio=self.corpus_ratio,
             max_responses_per_domain=self.max_responses_per_domain, max_corpus_tokens=self.max_corpus_tokens,
-            holdout_permille=self.holdout_permille, val_per_domain=self.val_per_domain, progress=progress)
+            holdout_permille=self.holdout_permille, val_per_domain=self.val_per_domain, progress=progress,
+            record_dtype=getattr(torch, self.record_dtype) if self.record_dtype else None)
 
 
 def numpy_rows(dataset):

@@ -18,11 +18,18 @@ store (1.2M tokens) takes ~50 minutes there, and a new machine starts with an em
 store records only that slice: `--name sub300 -- --max_responses_per_domain 300` (the first 300 responses of each
 domain, ~20 minutes; a change of data or recipe is a new campaign name, so curves stay comparable).
 
+Machines do not outlive a session here, and the cache goes with them, so each leg is also written to a history
+file in the repository (`docs/campaign_history.json`, `--history`): its points, the weights it warm-started from and
+its best weights (sha256 prefixes). `--status` prints that history beside this machine's curve, including legs on
+machines that are gone, and marks the leg whose best weights are the shipped drafter's (promoted), so the
+tau-vs-CPU-hours curve spans sessions. A leg stopped by hand (at a checkpoint) is written with `--record`.
+
 A leg never replaces the shipped drafter. Promote one only when its served tau on held-out prompts beats the
 shipped one: `adaflash-hf compare --drafters <shipped>,<campaign>/best --labels shipped,campaign`.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -33,6 +40,8 @@ from adaflash_hf.checkpoints import default_drafter_dir
 from adaflash_hf.utils.cache import cache_dir
 
 HERE = Path(__file__).resolve().parent
+HISTORY = HERE.parent / "docs" / "campaign_history.json"
+POINT_FIELDS = ("step", "train_cpu_seconds", "eval_tau_proxy", "eval_replay_tau")
 
 # The recipe: fixed for the whole campaign (a change of recipe is a new campaign name).
 RECIPE = ["--label_store", "--corpus_ratio", "0", "--holdout_permille", "100", "--val_per_domain", "31",
@@ -53,10 +62,56 @@ def leg_command(name: str, leg_cpu_minutes: float, init_drafter: str | None, ext
             "--max_cpu_seconds", str(60 * leg_cpu_minutes), "--output_dir", str(campaign_dir(name)), *extra]
 
 
+def weights_id(folder) -> str | None:
+    """The first 12 hex digits of the sha256 of `folder/model.safetensors` (None when there is none)."""
+    path = Path(folder) / "model.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
+
+
+def record_leg(name: str, init_drafter: str | None, history: Path = HISTORY) -> dict | None:
+    """Write this machine's newest leg of campaign `name` into the `history` file (replacing an earlier record of
+    the same leg). Returns the record, or None when the leg has no evaluation yet."""
+    curve = campaign_dir(name) / "eval_curve.json"
+    if not curve.is_file():
+        return None
+    data = json.loads(curve.read_text())
+    run = data["runs"][-1] if data.get("runs") else {}
+    points = [{k: v for k, v in p.items() if k in POINT_FIELDS or k.startswith("eval_replay_tau_")}
+              for p in data["points"] if p["step"] > run.get("from_step", 0)]
+    if not points:
+        return None
+    record = {"campaign": name, "started": run.get("started"), "from_step": run.get("from_step", 0),
+              "warm_start": weights_id(init_drafter or default_drafter_dir()),
+              "best": weights_id(campaign_dir(name) / "best"), "points": points}
+    stored = json.loads(history.read_text()) if history.is_file() else {"legs": []}
+    stored["legs"] = [leg for leg in stored["legs"]
+                      if (leg["campaign"], leg["started"]) != (name, record["started"])] + [record]
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_text(json.dumps(stored, indent=1) + "\n")
+    return record
+
+
+def print_history(history: Path = HISTORY) -> None:
+    """Every recorded leg, machines gone included: where it started, how far it got, its best replayed tau."""
+    if not history.is_file():
+        print(f"no campaign history yet ({history})")
+        return
+    shipped = weights_id(default_drafter_dir())
+    print(f"campaign history ({history}); shipped drafter {shipped}")
+    print(f"{'started':>20} {'campaign':>16} {'warm start':>13} {'steps':>12} {'CPU-h':>6} {'best replay':>12}")
+    for leg in json.loads(history.read_text())["legs"]:
+        last = leg["points"][-1]
+        best = max(p.get("eval_replay_tau", 0.0) for p in leg["points"])
+        mark = "  <- promoted (the shipped drafter)" if leg.get("best") == shipped else ""
+        print(f"{leg['started'] or '-':>20} {leg['campaign']:>16} {leg['warm_start'] or '-':>13} "
+              f"{leg['from_step']:>5}-{last['step']:<6} {last.get('train_cpu_seconds', 0) / 3600:>6.2f} "
+              f"{best:>12.3f}{mark}")
+
+
 def print_status(name: str) -> None:
     curve = campaign_dir(name) / "eval_curve.json"
     if not curve.is_file():
-        print(f"campaign {name!r}: no evaluation yet ({curve})")
+        print(f"campaign {name!r}: no evaluation on this machine yet ({curve})")
         return
     data = json.loads(curve.read_text())
     print(f"campaign {name!r}: {len(data['runs'])} leg(s); folder {curve.parent}")
@@ -74,19 +129,25 @@ def main():
     parser.add_argument("--leg_cpu_minutes", type=float, default=60.0, help="training CPU minutes of this leg")
     parser.add_argument("--init_drafter", default=None, help="warm start (default: the shipped default drafter)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS) of the leg")
-    parser.add_argument("--status", action="store_true", help="print the campaign's curve and exit")
+    parser.add_argument("--status", action="store_true", help="print the campaign's curve and history, and exit")
+    parser.add_argument("--record", action="store_true",
+                        help="write this machine's newest leg into the history file and exit (a leg stopped by hand)")
+    parser.add_argument("--history", type=Path, default=HISTORY, help="the committed history of every leg")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]  # `... -- --seed 3`: the rest goes to train_drafter.py
     if args.leg_cpu_minutes <= 0:
         parser.error("--leg_cpu_minutes must be > 0")
-    if not args.status:
+    if not args.status and not args.record:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         command = leg_command(args.name, args.leg_cpu_minutes, args.init_drafter, extra)
         print("leg:", " ".join(command), flush=True)
         result = subprocess.run(command, env=env)
         if result.returncode != 0:
             sys.exit(result.returncode)
+    if not args.status:
+        record_leg(args.name, args.init_drafter, args.history)
     print_status(args.name)
+    print_history(args.history)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ line is already exercised that way (the label-store runs, `--resume`, `--status`
 """
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -430,12 +431,39 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkey
          "eval_replay_tau_code": 1.9},
         {"step": 500, "train_cpu_seconds": 3600.0, "eval_tau_proxy": 2.2, "eval_replay_tau": 1.7}]}))
     monkeypatch.setenv("ADAFLASH_HF_CACHE", str(tmp_path))
-    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / "examples" / "train_campaign.py"), "--name", "c1", "--status"])
+    history = tmp_path / "docs" / "campaign_history.json"
+    argv = [str(REPO_ROOT / "examples" / "train_campaign.py"), "--name", "c1", "--history", str(history)]
+    monkeypatch.setattr(sys, "argv", argv + ["--status"])
     capsys.readouterr()
     campaign.main()
     lines = capsys.readouterr().out.splitlines()
-    assert "2 leg(s)" in lines[0] and lines[-1].split()[:4] == ["500", "1.00", "2.200", "1.700"]
-    assert "code 1.90" in lines[-2]
+    assert "2 leg(s)" in lines[0] and lines[3].split()[:4] == ["500", "1.00", "2.200", "1.700"]
+    assert "code 1.90" in lines[2] and "no campaign history" in lines[-1]
+    assert not history.exists()  # --status writes nothing
+    # A leg is written to the committed history: its points, its warm start and its best weights (sha256 prefixes);
+    # the history outlives the machine's cache, and the leg whose best weights are shipped reads "promoted".
+    (folder / "best").mkdir()
+    (folder / "best" / "model.safetensors").write_bytes(b"weights of step 500")
+    (folder / "eval_curve.json").write_text(json.dumps({"runs": [{"started": "T0", "from_step": 0},
+                                                                 {"started": "T1", "from_step": 250}],
+                                                        "points": json.loads((folder / "eval_curve.json").read_text())["points"]}))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "model.safetensors").write_bytes(b"shipped weights")
+    monkeypatch.setattr(campaign, "default_drafter_dir", lambda: shipped)
+    monkeypatch.setattr(sys, "argv", argv + ["--record"])
+    campaign.main()
+    campaign.main()  # the same leg twice: one record
+    legs = json.loads(history.read_text())["legs"]
+    assert len(legs) == 1 and legs[0]["from_step"] == 250 and [p["step"] for p in legs[0]["points"]] == [500]
+    assert legs[0]["warm_start"] == campaign.weights_id(shipped) and legs[0]["best"] == campaign.weights_id(folder / "best")
+    capsys.readouterr()
+    (shipped / "model.safetensors").write_bytes(b"weights of step 500")  # promoted
+    shutil.rmtree(folder)  # a new machine: the cache is gone, the history is not
+    monkeypatch.setattr(sys, "argv", argv + ["--status"])
+    campaign.main()
+    out = capsys.readouterr().out
+    assert "no evaluation on this machine yet" in out and "250-500" in out and "1.700  <- promoted" in out
     command = campaign.leg_command("c1", 30, "INIT", ["--seed", "3"])
     joined = " ".join(command)
     assert "--resume_from_checkpoint last" in joined and "--init_drafter INIT" in joined

@@ -2,6 +2,7 @@
 
     python examples/train_campaign.py --leg_cpu_minutes 60          # record what is missing, then train one leg
     python examples/train_campaign.py --status                      # the campaign's curve so far, nothing runs
+    python examples/train_campaign.py --cooldown_steps 800          # last in a session: anneal, then compare
 
 Each leg (1) records the hidden states of label-store entries not yet recorded (cached per shard under
 `~/.cache/adaflash_hf/labels/...`, so an interrupted recording loses one shard at most), then (2) trains
@@ -13,8 +14,9 @@ CPU time and saves a checkpoint there. Every evaluation appends `eval_tau_proxy`
 drafter-only greedy serving gets on the store's held-out responses) to `eval_curve.json`, with the cumulative
 training CPU seconds: that curve is the campaign's progress.
 
-Recording costs one teacher-forced target forward per stored token: ~400 tokens/s on 2 CPU threads, so the whole
-store (1.2M tokens) takes ~50 minutes there, and a new machine starts with an empty cache. A leg on a slice of the
+Recording costs one teacher-forced target forward per stored token, made by a bf16 copy of the target
+(`--record_dtype bfloat16`, in the recipe): ~600 tokens/s on 2 CPU threads (fp32: ~390), so the whole store
+(1.2M tokens) takes ~35 minutes there, and a new machine starts with an empty cache. A leg on a slice of the
 store records only that slice: `--name sub300 -- --max_responses_per_domain 300` (the first 300 responses of each
 domain, ~20 minutes; a change of data or recipe is a new campaign name, so curves stay comparable).
 
@@ -23,6 +25,10 @@ file in the repository (`docs/campaign_history.json`, `--history`): its points, 
 its best weights (sha256 prefixes). `--status` prints that history beside this machine's curve, including legs on
 machines that are gone, and marks the leg whose best weights are the shipped drafter's (promoted), so the
 tau-vs-CPU-hours curve spans sessions. A leg stopped by hand (at a checkpoint) is written with `--record`.
+
+A leg stops on a CPU budget with its learning rate near the peak (cosine over 20k steps). Before comparing, anneal
+it: `--cooldown_steps N` trains the newest checkpoint's weights with the learning rate falling linearly to 0 over N
+steps (`cooldown_command`); the next session warm-starts from whatever was promoted.
 
 A leg never replaces the shipped drafter. Promote one only when its served tau on held-out prompts beats the
 shipped one: `adaflash-hf compare --drafters <shipped>,<campaign>/best --labels shipped,campaign`.
@@ -48,7 +54,8 @@ RECIPE = ["--label_store", "--corpus_ratio", "0", "--holdout_permille", "100", "
           "--learning_rate", "3e-4", "--lr_scheduler_type", "cosine", "--warmup_steps", "100",
           "--per_device_train_batch_size", "4", "--num_anchors", "32", "--max_steps", "20000",
           "--eval_strategy", "steps", "--eval_steps", "250", "--save_strategy", "steps", "--save_steps", "250",
-          "--save_total_limit", "2", "--logging_steps", "50", "--resume_from_checkpoint", "last"]
+          "--save_total_limit", "2", "--logging_steps", "50", "--resume_from_checkpoint", "last",
+          "--record_dtype", "bfloat16"]
 
 
 def campaign_dir(name: str) -> Path:
@@ -60,6 +67,39 @@ def leg_command(name: str, leg_cpu_minutes: float, init_drafter: str | None, ext
     init = init_drafter or str(default_drafter_dir())
     return [sys.executable, str(HERE / "train_drafter.py"), *RECIPE, "--init_drafter", init,
             "--max_cpu_seconds", str(60 * leg_cpu_minutes), "--output_dir", str(campaign_dir(name)), *extra]
+
+
+def _set(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag`'s value replaced (appended when absent)."""
+    if flag not in args:
+        return [*args, flag, value]
+    i = args.index(flag)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+def cooldown_command(name: str, steps: int, extra: list[str]) -> tuple[list[str], str]:
+    """`(train_drafter.py command line, campaign name of the run)` that anneals the campaign's newest checkpoint.
+
+    A leg ends on a CPU budget, not at a planned step, so its learning rate is still near the peak when the session
+    (and the machine) ends. The cool-down is the decay phase of a warmup-stable-decay schedule: a new run from the
+    newest checkpoint's weights (fresh optimizer, 10 warm-up steps, a new data order), its learning rate falling
+    linearly from where the leg's stood to 0 over `steps`, evaluated like a leg. It runs in
+    `<campaign>/cooldown-<step>` (resumable there); its `best/` is what a promotion compares."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = campaign_dir(name)
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if last is None:
+        raise SystemExit(f"campaign {name!r} has no checkpoint on this machine to cool down ({folder})")
+    state = json.loads((Path(last) / "trainer_state.json").read_text())
+    rates = [h["learning_rate"] for h in state["log_history"] if "learning_rate" in h]
+    args = _set(RECIPE, "--learning_rate", f"{rates[-1] if rates else float(RECIPE[RECIPE.index('--learning_rate') + 1]):.4g}")
+    for flag, value in (("--lr_scheduler_type", "linear"), ("--warmup_steps", "10"), ("--max_steps", str(steps)),
+                        ("--seed", str(state["global_step"]))):
+        args = _set(args, flag, value)
+    run = f"{name}/cooldown-{state['global_step']}"
+    return [sys.executable, str(HERE / "train_drafter.py"), *args, "--init_drafter", last,
+            "--output_dir", str(campaign_dir(run)), *extra], run
 
 
 def weights_id(folder) -> str | None:
@@ -133,20 +173,30 @@ def main():
     parser.add_argument("--record", action="store_true",
                         help="write this machine's newest leg into the history file and exit (a leg stopped by hand)")
     parser.add_argument("--history", type=Path, default=HISTORY, help="the committed history of every leg")
+    parser.add_argument("--cooldown_steps", type=int, default=0,
+                        help="instead of a leg: anneal the newest checkpoint to lr 0 over this many steps "
+                             "(cooldown_command); run it last in a session, then compare and promote")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]  # `... -- --seed 3`: the rest goes to train_drafter.py
     if args.leg_cpu_minutes <= 0:
         parser.error("--leg_cpu_minutes must be > 0")
+    if args.cooldown_steps < 0:
+        parser.error("--cooldown_steps must be >= 0")
+    name, init = args.name, args.init_drafter
     if not args.status and not args.record:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        command = leg_command(args.name, args.leg_cpu_minutes, args.init_drafter, extra)
+        if args.cooldown_steps:
+            command, name = cooldown_command(args.name, args.cooldown_steps, extra)
+            init = command[command.index("--init_drafter") + 1]
+        else:
+            command = leg_command(args.name, args.leg_cpu_minutes, args.init_drafter, extra)
         print("leg:", " ".join(command), flush=True)
         result = subprocess.run(command, env=env)
         if result.returncode != 0:
             sys.exit(result.returncode)
     if not args.status:
-        record_leg(args.name, args.init_drafter, args.history)
-    print_status(args.name)
+        record_leg(name, init, args.history)
+    print_status(name)
     print_history(args.history)
 
 

@@ -469,3 +469,17 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkey
     assert "--resume_from_checkpoint last" in joined and "--init_drafter INIT" in joined
     assert "--max_cpu_seconds 1800" in joined and command[-2:] == ["--seed", "3"]
     assert command[command.index("--output_dir") + 1].endswith("campaign/c1")
+    # The cool-down: a new run from the newest checkpoint's weights, lr from where the leg stood linearly to 0.
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        campaign.cooldown_command("c1", 800, [])
+    checkpoint = tmp_path / "campaign" / "c1" / "checkpoint-750"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 750, "log_history": [
+        {"step": 700, "learning_rate": 2.91e-4}, {"step": 750, "loss": 1.0}]}))
+    command, run = campaign.cooldown_command("c1", 800, ["--seed", "9"])
+    value = {flag: command[command.index(flag) + 1] for flag in
+             ("--learning_rate", "--lr_scheduler_type", "--max_steps", "--init_drafter", "--output_dir")}
+    assert value["--learning_rate"] == "0.000291" and value["--lr_scheduler_type"] == "linear"
+    assert value["--max_steps"] == "800" and value["--init_drafter"] == str(checkpoint)
+    assert run == "c1/cooldown-750" and value["--output_dir"] == str(campaign.campaign_dir(run))
+    assert command.count("--learning_rate") == 1 and command[-2:] == ["--seed", "9"]

@@ -70,6 +70,36 @@ def test_the_probe_logs_the_forwards_the_rounds_ran():
     assert log.partial == 0 and log.target_seconds > 0 and log.drafter_seconds > 0
 
 
+def test_the_drafters_lm_head_slice_is_drafting_time_not_host_time():
+    """The cost model's drafting step covers the drafter's forward AND its `draft_logits` (the LM-head slice, computed
+    outside the forward): the probe counts both as the drafter's seconds, so host time does not count it again."""
+    import time
+
+    target = make_tiny_target(seed=61, num_layers=2)
+    drafter = build_drafter(target, block_size=4, seed=0)
+    slow = type(drafter).draft_logits
+
+    def slow_logits(self, states, lm_head):  # a slice that costs 20 ms here (as a big one on a CPU)
+        time.sleep(0.02)
+        return slow(self, states, lm_head)
+
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(drafter), "draft_logits", slow_logits)
+        probe = ForwardProbe(target, drafter)
+        try:
+            start = time.perf_counter()
+            out, stats = speculate(target, prompt, drafter, max_new_tokens=12, do_sample=False)
+            probe.log.wall_seconds = time.perf_counter() - start
+        finally:
+            probe.close()
+    drafts = stats.proposers.count("drafter")
+    assert drafts >= 2 and probe.log.drafter_seconds >= 0.02 * drafts
+    assert probe.log.host_seconds < probe.log.wall_seconds - 0.02 * drafts
+    assert "draft_logits" not in drafter.__dict__  # close() leaves the drafter as it was
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=12, do_sample=False))
+
+
 def test_an_explicit_foreign_cost_model_is_applied_an_implicit_one_never(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("ADAFLASH_HF_CACHE", str(tmp_path))
     target = make_tiny_target(num_layers=1)

@@ -11,8 +11,12 @@ tokens/s the same rounds would reach on that device:
 
 where a run's forwards are logged by hooks (`ForwardProbe`: rows x tokens of every target forward, rows of every
 drafter forward, and the seconds spent in them here) and host seconds = wall seconds - target forward seconds -
-drafter forward seconds (Python, the generate loop, lookup, acceptance; on a CPU this also keeps the draft logits,
-computed outside the drafter's forward: a conservative projection). A prefill forward is projected as one forward of
+drafter seconds (Python, the generate loop, lookup, acceptance). The drafter's seconds are its forward AND its
+`draft_logits` (the LM-head slice over the drafted positions, computed outside the forward), because the cost
+model's drafting step covers both (the shipped H200 file assumes "2 layers + context projection + the 8k-row LM-head
+slice"); counting the slice as host time counted it twice (on this CPU it is 1-5 ms of a round, ~3x the host work
+of a lookup round). Other tensor work outside the two models' forwards (argmax over the target's logits,
+acceptance) stays in host time: a conservative projection. A prefill forward is projected as one forward of
 the widest measured width (`cost.seconds` is not extrapolated past the measured widths). A run with partial target
 forwards (early-exit drafting) is not projected.
 
@@ -91,9 +95,13 @@ class ForwardProbe:
             target.register_forward_pre_hook(self._target_in, with_kwargs=True),
             target.register_forward_hook(self._target_out),
         ]
+        self._patched = None
         if drafter is not None:
             self._handles += [drafter.register_forward_pre_hook(self._drafter_in, with_kwargs=True),
                               drafter.register_forward_hook(self._drafter_out)]
+            if callable(getattr(drafter, "draft_logits", None)):
+                self._patched = drafter
+                drafter.draft_logits = self._timed(drafter.draft_logits)  # an instance attribute: removed by close()
 
     @property
     def count(self) -> int:
@@ -133,6 +141,18 @@ class ForwardProbe:
         self.log.drafter_seconds += time.perf_counter() - start
         self.log.drafter.append(rows)
 
+    def _timed(self, draft_logits):
+        """`draft_logits` whose seconds count as the drafter's (part of the drafting step, not a forward)."""
+        def timed(*args, **kwargs):
+            if self._drafter is not None:  # inside the drafter's forward: already counted
+                return draft_logits(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return draft_logits(*args, **kwargs)
+            finally:
+                self.log.drafter_seconds += time.perf_counter() - start
+        return timed
+
     def reset(self) -> None:
         self.log = ForwardLog()
         self._target = self._drafter = None
@@ -141,6 +161,9 @@ class ForwardProbe:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._patched is not None:
+            self._patched.__dict__.pop("draft_logits", None)
+            self._patched = None
 
 
 def cost_model_info(cost, path=None) -> dict:

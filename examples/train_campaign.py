@@ -142,7 +142,8 @@ def print_history(history: Path = HISTORY) -> None:
     for leg in json.loads(history.read_text())["legs"]:
         last = leg["points"][-1]
         best = max(p.get("eval_replay_tau", 0.0) for p in leg["points"])
-        mark = "  <- promoted (the shipped drafter)" if leg.get("best") == shipped else ""
+        # `shipped_as`: a promotion may store the best weights differently (e.g. in bf16), so its sha is kept too
+        mark = "  <- promoted (the shipped drafter)" if shipped in (leg.get("best"), leg.get("shipped_as")) else ""
         print(f"{leg['started'] or '-':>20} {leg['campaign']:>16} {leg['warm_start'] or '-':>13} "
               f"{leg['from_step']:>5}-{last['step']:<6} {last.get('train_cpu_seconds', 0) / 3600:>6.2f} "
               f"{best:>12.3f}{mark}")

@@ -464,6 +464,13 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkey
     campaign.main()
     out = capsys.readouterr().out
     assert "no evaluation on this machine yet" in out and "250-500" in out and "1.700  <- promoted" in out
+    # A promotion that stores the weights differently (bf16) keeps their sha as `shipped_as`: still marked.
+    (shipped / "model.safetensors").write_bytes(b"the same weights in bf16")
+    stored = json.loads(history.read_text())
+    stored["legs"][0]["shipped_as"] = campaign.weights_id(shipped)
+    history.write_text(json.dumps(stored))
+    campaign.main()
+    assert "1.700  <- promoted" in capsys.readouterr().out
     command = campaign.leg_command("c1", 30, "INIT", ["--seed", "3"])
     joined = " ".join(command)
     assert "--resume_from_checkpoint last" in joined and "--init_drafter INIT" in joined

@@ -69,6 +69,11 @@ def leg_command(name: str, leg_cpu_minutes: float, init_drafter: str | None, ext
             "--max_cpu_seconds", str(60 * leg_cpu_minutes), "--output_dir", str(campaign_dir(name)), *extra]
 
 
+def _value(args: list[str], flag: str) -> str:
+    """The value after `flag` in `args`."""
+    return args[args.index(flag) + 1]
+
+
 def _set(args: list[str], flag: str, value: str) -> list[str]:
     """`args` with `flag`'s value replaced (appended when absent)."""
     if flag not in args:
@@ -93,7 +98,8 @@ def cooldown_command(name: str, steps: int, extra: list[str]) -> tuple[list[str]
         raise SystemExit(f"campaign {name!r} has no checkpoint on this machine to cool down ({folder})")
     state = json.loads((Path(last) / "trainer_state.json").read_text())
     rates = [h["learning_rate"] for h in state["log_history"] if "learning_rate" in h]
-    args = _set(RECIPE, "--learning_rate", f"{rates[-1] if rates else float(RECIPE[RECIPE.index('--learning_rate') + 1]):.4g}")
+    lr = rates[-1] if rates else float(_value(RECIPE, "--learning_rate"))
+    args = _set(RECIPE, "--learning_rate", f"{lr:.4g}")
     for flag, value in (("--lr_scheduler_type", "linear"), ("--warmup_steps", "10"), ("--max_steps", str(steps)),
                         ("--seed", str(state["global_step"]))):
         args = _set(args, flag, value)
@@ -103,9 +109,10 @@ def cooldown_command(name: str, steps: int, extra: list[str]) -> tuple[list[str]
 
 
 def weights_id(folder) -> str | None:
-    """The first 12 hex digits of the sha256 of `folder/model.safetensors` (None when there is none)."""
-    path = Path(folder) / "model.safetensors"
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
+    """The first 12 hex digits of the sha256 of `folder/model.safetensors` (None when there is none, or no folder:
+    e.g. no shipped drafter in this install)."""
+    path = Path(folder) / "model.safetensors" if folder is not None else None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path is not None and path.is_file() else None
 
 
 def record_leg(name: str, init_drafter: str | None, history: Path = HISTORY) -> dict | None:
@@ -188,7 +195,7 @@ def main():
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         if args.cooldown_steps:
             command, name = cooldown_command(args.name, args.cooldown_steps, extra)
-            init = command[command.index("--init_drafter") + 1]
+            init = _value(command, "--init_drafter")
         else:
             command = leg_command(args.name, args.leg_cpu_minutes, args.init_drafter, extra)
         print("leg:", " ".join(command), flush=True)

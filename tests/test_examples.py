@@ -490,3 +490,4 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkey
     assert value["--max_steps"] == "800" and value["--init_drafter"] == str(checkpoint)
     assert run == "c1/cooldown-750" and value["--output_dir"] == str(campaign.campaign_dir(run))
     assert command.count("--learning_rate") == 1 and command[-2:] == ["--seed", "9"]
+    assert campaign.weights_id(None) is None  # an install without the shipped drafter

@@ -39,6 +39,7 @@ from adaflash_hf.training.callbacks import ComputeBudgetCallback, EvalCurveCallb
 from adaflash_hf.testbed.datasets import script_training_dataset
 from adaflash_hf.training.data import frequent_tokens
 from adaflash_hf.training.distributed import use_cpu_when_data_parallel_without_gpus
+from adaflash_hf.training.grow import grow_drafter
 from adaflash_hf.training.store_data import StoreDataArguments, numpy_rows
 
 
@@ -55,6 +56,9 @@ class ScriptArguments:
     block_size: int = field(default=8, metadata={"help": "block size (anchor included)"})
     num_context_layers: int = field(default=5, metadata={"help": "target layers read by the drafter"})
     init_drafter: str | None = field(default=None, metadata={"help": "continue from this drafter folder"})
+    grow_layers: int | None = field(default=None, metadata={
+        "help": "with --init_drafter: append layers up to this depth, initialised so the grown drafter drafts exactly "
+                "what --init_drafter drafts (adaflash_hf.training.grow; the deeper-drafter lever)"})
     draft_vocab_size: int | None = field(default=8192, metadata={
         "help": "draft only the K most frequent response tokens (cheaper drafting and training); 0: full vocab"})
     max_train_sequences: int | None = field(default=None, metadata={"help": "use at most this many (data curve)"})
@@ -73,6 +77,8 @@ def main():
     use_cpu_when_data_parallel_without_gpus()  # `accelerate launch --multi_gpu --num_processes N` on CPUs: gloo DDP
     parser = HfArgumentParser((ScriptArguments, StoreDataArguments, DrafterTrainingConfig))
     script, store, config = parser.parse_args_into_dataclasses()
+    if script.grow_layers and not script.init_drafter:
+        parser.error("--grow_layers grows a trained drafter: pass it with --init_drafter FOLDER")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     dtype = getattr(torch, store.label_dtype) if store.label_store else torch.float32
 
@@ -88,6 +94,8 @@ def main():
     if script.init_drafter:
         drafter = AdaFlashDrafterModel.from_pretrained(script.init_drafter, dtype=torch.float32)
         drafter.check_compatible(target, tokenizer)
+        if script.grow_layers:
+            drafter = grow_drafter(drafter, script.grow_layers)
     else:
         drafter = AdaFlashDrafterModel.from_target(target, num_layers=script.num_layers, block_size=script.block_size,
                                                    num_context_layers=script.num_context_layers, tokenizer=tokenizer,

@@ -144,7 +144,7 @@ def run_bench(args) -> dict:
     from .bench.runner import run_benchmark, summarize
 
     results = run_benchmark(target, tokenizer, drafter, records, methods=methods, max_new_tokens=args.max_new_tokens,
-                            raw=args.raw, progress=not args.quiet, repeats=args.repeats)
+                            raw=args.raw, progress=not args.quiet, repeats=args.repeats, count_ops=cost is not None)
     summary = summarize(results, block_size=drafter.config.block_size)
     summary["config"] = config
     if cost is not None:

@@ -48,8 +48,46 @@ def test_projected_block_is_per_method_and_apart_from_measurements():
     assert block["methods"]["adaflash"]["overall"]["tokens_per_s"] == pytest.approx(10 / spec_s)
     assert block["methods"]["adaflash"]["domains"]["code"]["speedup"] == pytest.approx(0.2 / spec_s)
     split = block["methods"]["adaflash"]["overall"]["seconds_split"]
-    assert split == pytest.approx({"host": 0.1, "target": 0.010 + 3 * 0.016, "drafter": 3 * 0.002})
+    assert split == pytest.approx({"host": 0.1, "target": 0.010 + 3 * 0.016, "drafter": 3 * 0.002, "ops": 0.0})
     json.dumps(block)
+
+
+def test_tensor_ops_outside_the_forwards_are_projected_at_the_devices_price_per_op():
+    # 4 target forwards, 0.052 s on the device, made of 400 counted ops: 0.13 ms an op there. 50 ops outside the
+    # forwards took 0.2 s here: they leave host time (0.5 - 0.3 - 0.2 = 0) and cost 50 x 0.13 ms projected.
+    log = ForwardLog(target=[(1, 4)] * 2 + [(4, 1)] * 2, target_seconds=0.3, wall_seconds=0.5, ops=50,
+                     ops_seconds=0.2, target_ops=400)
+    per_op = (2 * 0.016 + 2 * 0.020) / 400
+    assert log.host_seconds == pytest.approx(0.0)
+    assert projected_seconds(log, SYNTHETIC) == pytest.approx(2 * 0.016 + 2 * 0.020 + 50 * per_op)
+    assert ForwardLog(target=[(1, 1)], ops=10, target_ops=0).copy().ops == 10  # copy keeps every field
+
+
+def test_the_op_counter_times_only_work_outside_the_forwards():
+    import time
+
+    target = make_tiny_target(seed=62, num_layers=2)
+    drafter = build_drafter(target, block_size=4, seed=0)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    probe = ForwardProbe(target, drafter, count_ops=True)
+    try:
+        start = time.perf_counter()
+        out, stats = speculate(target, prompt, drafter, max_new_tokens=12, do_sample=False)
+        probe.log.wall_seconds = time.perf_counter() - start
+        x = torch.randn(64, 9, 512)
+        before = probe.log.ops
+        x.argmax(-1), x.view(-1).sum()  # 2 kernels outside any forward (the view launches none)
+        assert probe.log.ops == before + 2
+    finally:
+        probe.close()
+    log = probe.log
+    assert torch.equal(out, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    # every full target forward ran many counted ops; the rounds ran some outside (acceptance, argmax, caches)
+    assert log.target_ops >= 10 * len(log.target) and log.ops > stats.rounds
+    assert 0 < log.ops_seconds < log.wall_seconds and log.host_seconds == pytest.approx(
+        log.wall_seconds - log.target_seconds - log.drafter_seconds - log.ops_seconds)
+    torch.randn(3).sum()
+    assert probe.log.ops == log.ops  # closed: nothing counted any more
 
 
 def test_the_probe_logs_the_forwards_the_rounds_ran():

@@ -8,6 +8,7 @@ tokens/s the same rounds would reach on that device:
     projected seconds = host seconds measured here
                         + sum over target forwards of cost.seconds(tokens per row, rows)
                         + sum over drafter forwards of cost.draft_seconds(rows)
+                        + tensor ops outside the forwards x the device's seconds per op   (with `count_ops`)
 
 where a run's forwards are logged by hooks (`ForwardProbe`: rows x tokens of every target forward, rows of every
 drafter forward, and the seconds spent in them here) and host seconds = wall seconds - target forward seconds -
@@ -15,19 +16,38 @@ drafter seconds (Python, the generate loop, lookup, acceptance). The drafter's s
 `draft_logits` (the LM-head slice over the drafted positions, computed outside the forward), because the cost
 model's drafting step covers both (the shipped H200 file assumes "2 layers + context projection + the 8k-row LM-head
 slice"); counting the slice as host time counted it twice (on this CPU it is 1-5 ms of a round, ~3x the host work
-of a lookup round). Other tensor work outside the two models' forwards (argmax over the target's logits,
-acceptance) stays in host time: a conservative projection. A prefill forward is projected as one forward of
-the widest measured width (`cost.seconds` is not extrapolated past the measured widths). A run with partial target
-forwards (early-exit drafting) is not projected.
+of a lookup round).
+
+Tensor work outside the two models' forwards (the argmax over `[rows, width, vocab]` logits, acceptance, KV-cache
+selects and compaction, gathering the hidden states the drafter reads) runs on the device on an accelerator, as
+kernels. Timed on this CPU it is compute, not host work, and it grows with rows x verify width (the argmax over
+64 x 9 x 49k logits, KV-cache selects over 30 layers), so it made speculative rounds at many rows look dear. With
+`count_ops=True` (the benches set it when they project) a `TorchDispatchMode` counts the tensor ops that launch
+kernels (view-like ops excluded) and times them outside the forwards; they leave host time, and each is projected at
+the device's seconds per op of the target's own forwards in the same run (`cost.seconds` of every target forward /
+the ops counted inside them): the launch-bound price of a kernel there, an assumption the projected block states.
+Without it (hand-made logs) that work stays in host time: the conservative projection. A prefill forward is
+projected as one forward of the widest measured width (`cost.seconds` is not extrapolated past the measured widths).
+A run with partial target forwards (early-exit drafting) is not projected.
 
 Projected numbers are never measurements: they are printed and saved apart from the measured columns and verdicts.
 """
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from torch.utils._python_dispatch import TorchDispatchMode
 
-SPLIT = ("host", "target", "drafter")  # host: measured here; target / drafter forwards: from the cost model
+
+SPLIT = ("host", "target", "drafter", "ops")  # host: measured here; forwards: the cost model; ops: see docstring
+OPS_NOTE = ("tensor ops outside the forwards (counted here) are projected at the device's seconds per op of the "
+            "target's forwards in the same run (launch-bound kernels)")
+# Ops that launch no kernel (metadata / views): their dispatcher time stays host time, they are not counted.
+VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "transpose", "permute",
+                      "unsqueeze", "squeeze", "t", "detach", "alias", "as_strided", "unfold", "split",
+                      "split_with_sizes", "chunk", "narrow", "lift_fresh", "unbind", "view_as", "expand_as", "_reshape_alias",
+                      "numpy_T", "sym_size", "sym_stride", "sym_numel", "dim", "size", "stride", "is_same_size"})
 PROJECTED_NOTE = ("projected, not measured: this machine's host time + the cost model's seconds for the forwards "
                   "each run computed here (rows x tokens)")
 
@@ -42,14 +62,16 @@ class ForwardLog:
     drafter_seconds: float = 0.0
     wall_seconds: float = 0.0
     partial: int = 0  # target forwards that did not reach the last decoder layer (early exit)
+    ops: int = 0  # tensor ops outside the forwards (`count_ops`), and their seconds here
+    ops_seconds: float = 0.0
+    target_ops: int = 0  # tensor ops inside the full target forwards (the device's seconds per op: module docstring)
 
     @property
     def host_seconds(self) -> float:
-        return max(self.wall_seconds - self.target_seconds - self.drafter_seconds, 0.0)
+        return max(self.wall_seconds - self.target_seconds - self.drafter_seconds - self.ops_seconds, 0.0)
 
     def copy(self) -> "ForwardLog":
-        return ForwardLog(list(self.target), list(self.drafter), self.target_seconds, self.drafter_seconds,
-                          self.wall_seconds, self.partial)
+        return dataclasses.replace(self, target=list(self.target), drafter=list(self.drafter))
 
 
 def projected_split(log: ForwardLog, cost) -> dict | None:
@@ -58,9 +80,10 @@ def projected_split(log: ForwardLog, cost) -> dict | None:
     if log.partial:
         return None
     widest = max(cost.num_tokens())
-    return {"host": log.host_seconds,
-            "target": sum(cost.seconds(min(tokens, widest), rows) for rows, tokens in log.target),
-            "drafter": sum(cost.draft_seconds(rows) for rows in log.drafter)}
+    target = sum(cost.seconds(min(tokens, widest), rows) for rows, tokens in log.target)
+    per_op = target / log.target_ops if log.target_ops else 0.0
+    return {"host": log.host_seconds, "target": target,
+            "drafter": sum(cost.draft_seconds(rows) for rows in log.drafter), "ops": log.ops * per_op}
 
 
 def projected_seconds(log: ForwardLog, cost) -> float | None:
@@ -83,12 +106,15 @@ class ForwardProbe:
     """Hooks logging the target's and the drafter's forwards into `self.log` (a `ForwardLog`).
 
     `count` / `seconds`: the target's full forwards (reaching its last decoder layer) and the seconds spent in its
-    forwards, as the bs=1 bench reports them. `reset()` starts a new log; `close()` removes the hooks.
+    forwards, as the bs=1 bench reports them. `count_ops`: also count and time the tensor ops outside the forwards
+    (`_OpCounter`, module docstring; each op then goes through Python, a few microseconds here: the measured columns
+    of such a run carry that). `reset()` starts a new log; `close()` removes the hooks.
     """
 
-    def __init__(self, target, drafter=None):
+    def __init__(self, target, drafter=None, count_ops: bool = False):
         self.log = ForwardLog()
-        self._last_layer_calls, self._target, self._drafter = 0, None, None
+        self._last_layer_calls, self._target, self._drafter, self._in_logits = 0, None, None, False
+        self._target_ops = 0  # ops of the current target forward (kept only if it reaches the last layer)
         last_layer = target.get_decoder().layers[-1]
         self._handles = [
             last_layer.register_forward_hook(self._layer),
@@ -102,6 +128,9 @@ class ForwardProbe:
             if callable(getattr(drafter, "draft_logits", None)):
                 self._patched = drafter
                 drafter.draft_logits = self._timed(drafter.draft_logits)  # an instance attribute: removed by close()
+        self._ops = _OpCounter(self) if count_ops else None
+        if self._ops is not None:
+            self._ops.__enter__()
 
     @property
     def count(self) -> int:
@@ -116,6 +145,7 @@ class ForwardProbe:
 
     def _target_in(self, module, args, kwargs):
         if self._target is None:  # not a nested call
+            self._target_ops = 0
             self._target = (time.perf_counter(), self._last_layer_calls, _rows_tokens(args, kwargs))
 
     def _target_out(self, *_):
@@ -126,6 +156,7 @@ class ForwardProbe:
         self.log.target_seconds += time.perf_counter() - start
         if self._last_layer_calls > calls:
             self.log.target.append(shape)
+            self.log.target_ops += self._target_ops
         else:
             self.log.partial += 1
 
@@ -146,10 +177,11 @@ class ForwardProbe:
         def timed(*args, **kwargs):
             if self._drafter is not None:  # inside the drafter's forward: already counted
                 return draft_logits(*args, **kwargs)
-            start = time.perf_counter()
+            start, self._in_logits = time.perf_counter(), True
             try:
                 return draft_logits(*args, **kwargs)
             finally:
+                self._in_logits = False
                 self.log.drafter_seconds += time.perf_counter() - start
         return timed
 
@@ -158,6 +190,9 @@ class ForwardProbe:
         self._target = self._drafter = None
 
     def close(self) -> None:
+        if self._ops is not None:
+            self._ops.__exit__(None, None, None)
+            self._ops = None
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -166,11 +201,35 @@ class ForwardProbe:
             self._patched = None
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the kernel-launching tensor ops of a `ForwardProbe`'s run: inside a full target forward (for the
+    device's seconds per op) and outside every forward (counted and timed: they leave host time)."""
+
+    def __init__(self, probe: ForwardProbe):
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        probe, kwargs = self.probe, kwargs or {}
+        if func.overloadpacket.__name__ in VIEW_OPS:
+            return func(*args, **kwargs)
+        if probe._target is not None:
+            probe._target_ops += 1
+            return func(*args, **kwargs)
+        if probe._drafter is not None or probe._in_logits:
+            return func(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            probe.log.ops += 1
+            probe.log.ops_seconds += time.perf_counter() - start
+
+
 def cost_model_info(cost, path=None) -> dict:
     """What the projection block says about the device it projects onto."""
     info = {"device": cost.device, "dtype": cost.dtype, "description": cost.description, "note": PROJECTED_NOTE}
-    if cost.assumptions:
-        info["assumptions"] = cost.assumptions
+    info["assumptions"] = f"{cost.assumptions} {OPS_NOTE}." if cost.assumptions else f"{OPS_NOTE}."
     if path is not None:
         info["file"] = str(path)
     return info
@@ -217,7 +276,7 @@ def print_projected(block: dict, domains=()) -> None:
     if block.get("assumptions"):
         print(f"  assumes: {block['assumptions']}")
     print(f"{'method':<19}{'domain':<9}{'proj tok/s':>11}{'proj speedup':>14}   seconds: host (here) / target / "
-          "drafter (cost model)")
+          "drafter (cost model) / ops")
     for method, data in block["methods"].items():
         for name, row in [("overall", data["overall"])] + [(d, data["domains"][d]) for d in domains
                                                            if d in data["domains"]]:
@@ -228,5 +287,5 @@ def print_projected(block: dict, domains=()) -> None:
             print(f"{method:<19}{name:<9}{rate}{speed}   {split}")
 
 
-__all__ = ["PROJECTED_NOTE", "SPLIT", "ForwardLog", "ForwardProbe", "cost_model_info", "print_projected",
+__all__ = ["OPS_NOTE", "PROJECTED_NOTE", "SPLIT", "ForwardLog", "ForwardProbe", "cost_model_info", "print_projected",
            "project_bench", "projected_seconds", "projected_split", "rate_table"]

@@ -510,7 +510,8 @@ def section_d(args, cfg, models) -> dict:
 
     projected_on = apply_cost_model(drafter, getattr(args, "cost_model", None))  # decides; projected separately
     measured = run_benchmark(target, tokenizer, drafter, records, methods=methods,
-                             max_new_tokens=cfg["max_new_tokens"], progress=False, repeats=args.repeats)
+                             max_new_tokens=cfg["max_new_tokens"], progress=False, repeats=args.repeats,
+                             count_ops=projected_on is not None)
     data = summarize(measured, block_size=drafter.config.block_size)
     if projected_on is not None:
         from .projection import project_bench

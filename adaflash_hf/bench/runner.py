@@ -113,6 +113,7 @@ def run_benchmark(
     progress: bool = True,
     references: list | None = None,
     repeats: int = 1,
+    count_ops: bool = False,
 ) -> list[Measurement]:
     """Run `methods` on `records` (`{"prompt", "domain"}`) and return one `Measurement` per (prompt, method).
 
@@ -120,12 +121,14 @@ def run_benchmark(
     reference for `identical` and speed-ups), unless `references` (one plain output per record, from an earlier run)
     is given; plain outputs are appended to a `references` list passed empty. With `repeats > 1` every prompt runs
     `repeats` times per method, methods interleaved within each repeat; each `Measurement` keeps every repeat's wall
-    time (`seconds_repeats`) and its `seconds` is their median.
+    time (`seconds_repeats`) and its `seconds` is their median. `count_ops`: the forward logs also count the tensor
+    ops outside the forwards (for a projection onto another device: `projection.ForwardProbe`).
     """
     reuse = bool(references)
     if "plain" not in methods and not reuse:
         methods = ("plain", *methods)
-    probe = ForwardProbe(target, drafter)  # full target forwards and seconds; every forward's rows x tokens
+    # full target forwards and seconds; every forward's rows x tokens
+    probe = ForwardProbe(target, drafter, count_ops=count_ops)
     results = []
     device = target.device
 

@@ -209,7 +209,7 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
               "rate": rate, "repeats": repeats}
     probe = None
     if projected_on is not None:
-        probe = ForwardProbe(target, drafter)
+        probe = ForwardProbe(target, drafter, count_ops=True)
         result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}}
     for level in tqdm(levels, desc="serving", disable=not progress):
         n = requests or min(4 * level, max(max_requests, level))

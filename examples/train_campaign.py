@@ -127,8 +127,10 @@ def record_leg(name: str, init_drafter: str | None, history: Path = HISTORY) -> 
               for p in data["points"] if p["step"] > run.get("from_step", 0)]
     if not points:
         return None
-    record = {"campaign": name, "started": run.get("started"), "from_step": run.get("from_step", 0),
-              "warm_start": weights_id(init_drafter or default_drafter_dir()),
+    from_step = run.get("from_step", 0)
+    # a leg that resumed continued the campaign's own checkpoint (`--init_drafter` is then ignored by the trainer)
+    warm = f"{name}/checkpoint-{from_step}" if from_step else weights_id(init_drafter or default_drafter_dir())
+    record = {"campaign": name, "started": run.get("started"), "from_step": from_step, "warm_start": warm,
               "best": weights_id(campaign_dir(name) / "best"), "points": points}
     stored = json.loads(history.read_text()) if history.is_file() else {"legs": []}
     stored["legs"] = [leg for leg in stored["legs"]

@@ -456,7 +456,7 @@ def test_campaign_leg_resumes_in_the_cache_and_prints_its_curve(tmp_path, monkey
     campaign.main()  # the same leg twice: one record
     legs = json.loads(history.read_text())["legs"]
     assert len(legs) == 1 and legs[0]["from_step"] == 250 and [p["step"] for p in legs[0]["points"]] == [500]
-    assert legs[0]["warm_start"] == campaign.weights_id(shipped) and legs[0]["best"] == campaign.weights_id(folder / "best")
+    assert legs[0]["warm_start"] == "c1/checkpoint-250" and legs[0]["best"] == campaign.weights_id(folder / "best")
     capsys.readouterr()
     (shipped / "model.safetensors").write_bytes(b"weights of step 500")  # promoted
     shutil.rmtree(folder)  # a new machine: the cache is gone, the history is not

@@ -111,8 +111,10 @@ def cooldown_command(name: str, steps: int, extra: list[str]) -> tuple[list[str]
 def weights_id(folder) -> str | None:
     """The first 12 hex digits of the sha256 of `folder/model.safetensors` (None when there is none, or no folder:
     e.g. no shipped drafter in this install)."""
-    path = Path(folder) / "model.safetensors" if folder is not None else None
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path is not None and path.is_file() else None
+    if folder is None:
+        return None
+    path = Path(folder) / "model.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else None
 
 
 def record_leg(name: str, init_drafter: str | None, history: Path = HISTORY) -> dict | None:

@@ -46,8 +46,9 @@ OPS_NOTE = ("tensor ops outside the forwards (counted here) are projected at the
 # Ops that launch no kernel (metadata / views): their dispatcher time stays host time, they are not counted.
 VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "transpose", "permute",
                       "unsqueeze", "squeeze", "t", "detach", "alias", "as_strided", "unfold", "split",
-                      "split_with_sizes", "chunk", "narrow", "lift_fresh", "unbind", "view_as", "expand_as", "_reshape_alias",
-                      "numpy_T", "sym_size", "sym_stride", "sym_numel", "dim", "size", "stride", "is_same_size"})
+                      "split_with_sizes", "chunk", "narrow", "lift_fresh", "unbind", "view_as", "expand_as",
+                      "_reshape_alias", "numpy_T", "sym_size", "sym_stride", "sym_numel", "dim", "size", "stride",
+                      "is_same_size"})
 PROJECTED_NOTE = ("projected, not measured: this machine's host time + the cost model's seconds for the forwards "
                   "each run computed here (rows x tokens)")
 
@@ -211,12 +212,10 @@ class _OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         probe, kwargs = self.probe, kwargs or {}
-        if func.overloadpacket.__name__ in VIEW_OPS:
-            return func(*args, **kwargs)
+        if func.overloadpacket.__name__ in VIEW_OPS or probe._drafter is not None or probe._in_logits:
+            return func(*args, **kwargs)  # no kernel, or part of the drafting step (the cost model's)
         if probe._target is not None:
             probe._target_ops += 1
-            return func(*args, **kwargs)
-        if probe._drafter is not None or probe._in_logits:
             return func(*args, **kwargs)
         start = time.perf_counter()
         try:

@@ -40,14 +40,12 @@ def grow_drafter(drafter, num_layers: int):
     config.validate()
     param = next(drafter.parameters())
     grown = type(drafter)(config).to(device=param.device, dtype=param.dtype)
-    state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("layers.")}
-    last = {k.split(".", 2)[2]: v for k, v in drafter.state_dict().items() if k.startswith(f"layers.{have - 1}.")}
-    for i in range(num_layers):
-        if i < have:
-            layer = {k.split(".", 2)[2]: v for k, v in drafter.state_dict().items() if k.startswith(f"layers.{i}.")}
-        else:
-            layer = {k: torch.zeros_like(v) if k in OUTPUT_PROJECTIONS else v.clone() for k, v in last.items()}
-        state.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+    state = dict(drafter.state_dict())  # the parent's layers keep their names; new layers come after them
+    prefix = f"layers.{have - 1}."
+    last = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    for i in range(have, num_layers):
+        state.update({f"layers.{i}.{k}": torch.zeros_like(v) if k in OUTPUT_PROJECTIONS else v.clone()
+                      for k, v in last.items()})
     grown.load_state_dict(state)
     grown.config._attn_implementation = getattr(drafter.config, "_attn_implementation", None) or "sdpa"
     return grown.eval()

@@ -29,17 +29,18 @@ def _fake_model(points, target, drafter):
                            dtype="float32", threads=torch.get_num_threads(), key=cost_module.cost_key(target, drafter))
 
 
-def test_calibration_measures_rows_1_and_b_and_widths_1_and_the_block():
+def test_calibration_measures_rows_1_and_b_and_widths_1_2_and_the_block():
     target, drafter = _pair(block_size=5)
     forwards = []
     target.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)),
                                      with_kwargs=True)
     cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 8), context_length=16, repeats=3,
                                      budget_s=0.0, progress=False, attempts=1)
-    assert {b: sorted(row) for b, row in cost.points.items()} == {1: [1, 5], 8: [1, 5]} and sorted(cost.draft) == [1, 8]
+    assert {b: sorted(row) for b, row in cost.points.items()} == {1: [1, 2, 5], 8: [1, 2, 5]} and sorted(cost.draft) == [1, 8]
     # budget 0: every point is a warm-up and one timed run; each batch size prefills ONE row of context (then
     # repeated to b rows)
-    assert forwards == [(1, 16), (1, 1), (1, 1), (1, 5), (1, 5), (1, 16), (8, 1), (8, 1), (8, 5), (8, 5)]
+    assert forwards == [(1, 16), (1, 1), (1, 1), (1, 2), (1, 2), (1, 5), (1, 5),
+                        (1, 16), (8, 1), (8, 1), (8, 2), (8, 2), (8, 5), (8, 5)]
 
 
 def test_a_slow_first_call_of_a_shape_is_never_the_measurement():
@@ -98,7 +99,7 @@ def test_a_call_measures_its_own_batch_size_once_and_others_when_first_needed(ca
     cost_model_for(target, drafter, batch_sizes=(1, 32))  # more rows: only the new size is measured
     assert calls == [[1, 16], [32]]
     saved = TargetCostModel.load(cache_path(target, drafter))
-    assert sorted(saved.points) == [1, 16, 32] and sorted(saved.points[32]) == [1, 5]
+    assert sorted(saved.points) == [1, 16, 32] and sorted(saved.points[32]) == [1, 2, 5]
 
 
 def test_one_calibration_at_a_time_per_cache_file(cache, monkeypatch):
@@ -117,7 +118,7 @@ def test_one_calibration_at_a_time_per_cache_file(cache, monkeypatch):
             if len(entered) >= 2:
                 break
             threading.Event().wait(0.02)
-        return _fake_model({b: {1: 0.1 * b, 5: 0.2 * b} for b in batch_sizes}, target, drafter)
+        return _fake_model({b: {1: 0.1 * b, 2: 0.15 * b, 5: 0.2 * b} for b in batch_sizes}, target, drafter)
 
     monkeypatch.setattr(cost_module, "file_lock", spy_lock)
     monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
@@ -187,7 +188,7 @@ def test_calibrate_command_on_a_tiny_model(cache, tmp_path, monkeypatch, capsys)
     drafter = AdaFlashDrafterModel.from_pretrained(tmp_path / "drafter").eval()
     path = cache_path(target, drafter)
     saved = json.loads(path.read_text())
-    assert sorted(saved["points"]) == ["1", "4"] and sorted(saved["points"]["4"]) == ["1", "4"]
+    assert sorted(saved["points"]) == ["1", "4"] and sorted(saved["points"]["4"]) == ["1", "2", "4"]
     assert sorted(saved["interpolated"]["points"]) == ["1", "2", "4"]
     lines = out.splitlines()
     row2 = next(line for line in lines if line.split() and line.split()[0] == "2")
@@ -214,8 +215,8 @@ def test_library_code_never_imports_the_testbed():
 
 # A measurement taken while the machine was busy (found in a real cache: one row, 1 token slower than 8 tokens and
 # than 16 rows): a forward never gets cheaper with more tokens or more rows.
-DISTURBED = {1: {1: 1.350, 8: 1.019}, 16: {1: 0.141, 8: 0.351}}
-CLEAN = {1: {1: 0.050, 8: 0.091}, 16: {1: 0.141, 8: 0.351}}
+DISTURBED = {1: {1: 1.350, 2: 1.200, 8: 1.019}, 16: {1: 0.141, 2: 0.250, 8: 0.351}}
+CLEAN = {1: {1: 0.050, 2: 0.070, 8: 0.091}, 16: {1: 0.141, 2: 0.250, 8: 0.351}}
 
 
 def test_inconsistencies_name_the_points_that_contradict_the_shape_of_a_forward():
@@ -231,7 +232,7 @@ def test_inconsistencies_name_the_points_that_contradict_the_shape_of_a_forward(
 
 def test_a_disturbed_calibration_is_measured_again_keeping_each_points_fastest_time(monkeypatch, caplog):
     target, drafter = _pair()
-    runs = [DISTURBED, {1: {1: 0.060, 8: 0.090}, 16: {1: 0.500, 8: 0.340}}]  # the second is disturbed elsewhere
+    runs = [DISTURBED, {1: {1: 0.060, 2: 0.070, 8: 0.090}, 16: {1: 0.500, 2: 0.300, 8: 0.340}}]  # disturbed elsewhere
 
     def fake(cls, target, drafter, num_tokens, batch_sizes, *args, seed):
         return _fake_model(runs.pop(0), target, drafter)
@@ -240,12 +241,13 @@ def test_a_disturbed_calibration_is_measured_again_keeping_each_points_fastest_t
     with caplog.at_level("WARNING", logger=cost_module.__name__):
         cost = TargetCostModel.calibrate(target, drafter, batch_sizes=(1, 16), progress=False)
     assert runs == [] and "disturbed" in caplog.text
-    assert cost.points == {1: {1: 0.060, 8: 0.090}, 16: {1: 0.141, 8: 0.340}} and cost.inconsistencies() == []
+    assert cost.points == {1: {1: 0.060, 2: 0.070, 8: 0.090}, 16: {1: 0.141, 2: 0.250, 8: 0.340}}
+    assert cost.inconsistencies() == []
     assert cost.measurements == 2
 
 
 def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
-    target, drafter = _pair()
+    target, drafter = _pair(block_size=8)
     _fake_model(DISTURBED, target, drafter).save(cache_path(target, drafter))
     calls = []
 
@@ -259,7 +261,7 @@ def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
     assert calls == [[1, 16]] and cost.points == CLEAN
     assert TargetCostModel.load(cache_path(target, drafter)).points == CLEAN
     # rows added later that contradict the cached ones: every size is measured again
-    _fake_model({1: {1: 0.5, 8: 0.9}}, target, drafter).save(cache_path(target, drafter))
+    _fake_model({1: {1: 0.5, 2: 0.7, 8: 0.9}}, target, drafter).save(cache_path(target, drafter))
     cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
     assert calls == [[1, 16], [16], [1, 16]] and cost.points == CLEAN
     # still inconsistent after every attempt (a jittery device): used as measured, not measured on every load
@@ -268,3 +270,22 @@ def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
     jittery.save(cache_path(target, drafter))
     assert cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False).points == DISTURBED
     assert len(calls) == 3
+
+
+def test_a_cached_model_without_every_calibration_width_is_measured_again(cache, monkeypatch):
+    """A cache written before width 2 was calibrated (1 and the block only) would interpolate the dearest step of a
+    CPU forward (one token per row to two) as a straight line: every size it holds is measured again."""
+    target, drafter = _pair(block_size=8)
+    _fake_model({1: {1: 0.05, 8: 0.09}, 16: {1: 0.11, 8: 0.42}}, target, drafter).save(cache_path(target, drafter))
+    calls = []
+
+    def fake(cls, target, drafter=None, batch_sizes=(1,), num_tokens=None, **kwargs):
+        calls.append(list(batch_sizes))
+        return _fake_model({b: CLEAN.get(b, CLEAN[16]) for b in batch_sizes}, target, drafter)
+
+    monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
+    cost = cost_model_for(target, drafter, batch_sizes=(1, 4), progress=False)
+    assert calls == [[1, 4, 16]]  # the sizes it held, and the call's own
+    assert all(2 in row for row in cost.points.values())
+    assert cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False).points == cost.points  # cached now
+    assert len(calls) == 1

@@ -21,7 +21,7 @@ not measured: a cost model measured here replaces it. `adaflash_hf/cost_models/`
 (`shipped_cost_model("h200-smollm2-135m")`).
 
 Calibration is bounded: it measures the corners a call needs, rows `1` and the call's batch size `B`, verify widths
-`1` and the drafter's block (`calibration_tokens`), and interpolates everything in between (`interpolated()` lists
+`1`, `2` and the drafter's block (`calibration_tokens`), and interpolates everything in between (`interpolated()` lists
 those points; the saved JSON records both). A later call with more rows measures only its own size. Each point is
 timed a few times, or once when a single run already exceeds `budget_s`; the context cache is prefilled for one row
 and repeated to `B` rows (so `B` x context tokens are never prefilled), and random inputs come from a private
@@ -168,10 +168,12 @@ class TargetCostModel:
         draft = {b: self.draft_seconds(b) for b in sizes if self.draft and b not in self.draft}
         return {"points": {b: row for b, row in points.items() if row}, "draft": draft}
 
-    def covers(self, batch_size: int, drafts: bool = False) -> bool:
-        """Whether batch sizes 1..`batch_size` lie within the measured ones (and drafting steps, with `drafts`)."""
+    def covers(self, batch_size: int, drafts: bool = False, widths=()) -> bool:
+        """Whether batch sizes 1..`batch_size` lie within the measured ones (and drafting steps, with `drafts`), and
+        every measured batch size has each of `widths` measured (`calibration_tokens`; an older cache lacks some)."""
         sizes = [self.points] + ([self.draft] if drafts else [])
-        return all(table and min(table) <= 1 and max(table) >= batch_size for table in sizes)
+        return (all(table and min(table) <= 1 and max(table) >= batch_size for table in sizes)
+                and all(n in row for row in self.points.values() for n in widths))
 
     def describes(self, device, dtype=None, threads: int | None = None) -> bool:
         """Whether these numbers were measured on `device` (and dtype / CPU threads, when given)."""
@@ -213,7 +215,7 @@ class TargetCostModel:
         """Time target verify forwards (and drafting steps, with `drafter`) on the target's device.
 
         Args:
-            num_tokens: verify widths to measure (default `calibration_tokens(drafter)`: 1 and the block).
+            num_tokens: verify widths to measure (default `calibration_tokens(drafter)`: 1, 2 and the block).
             batch_sizes: rows to measure (`cost_model_for` asks for 1 and the call's batch size).
             repeats: a point is the median of this many timed runs after one warm-up, fewer (at least one) once
                 the point took `budget_s` seconds; the warm-up is never timed.
@@ -381,10 +383,16 @@ def cost_key(target, drafter=None) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def calibration_tokens(drafter=None) -> tuple[int, int]:
-    """The verify widths calibration measures: 1 and the widest a round verifies (the drafter's block: its drafted
-    tokens + the row's own; 16 without a drafter)."""
-    return (1, int(drafter.config.block_size) if drafter is not None else DEFAULT_NUM_TOKENS[-1])
+def calibration_tokens(drafter=None) -> tuple[int, ...]:
+    """The verify widths calibration measures: 1, 2 and the widest a round verifies (the drafter's block: its
+    drafted tokens + the row's own; 16 without a drafter).
+
+    2 is the narrowest speculative verify, and on a CPU the step from one token per row to two is the dearest one
+    (matrix-vector to matrix-matrix kernels): 16 rows measured 107, 212, 241 and 397 ms for 1, 2, 3 and 8 tokens,
+    where a line from 1 to 8 puts 2 and 3 tokens at 151 and 196 ms, so drafted rounds at many rows looked cheaper
+    than they were and the policy chose them where they lost."""
+    widest = int(drafter.config.block_size) if drafter is not None else DEFAULT_NUM_TOKENS[-1]
+    return tuple(sorted({1, min(2, widest), widest}))
 
 
 def cache_path(target, drafter=None) -> Path:
@@ -415,8 +423,9 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
     instead of measuring.
     """
     dtype, threads = target.dtype, torch.get_num_threads()
+    widths = calibration_tokens(drafter)  # a cache (or a checkpoint's cost model) lacking one is measured again
     if candidate is not None and candidate.describes(target.device, dtype, threads):
-        if candidate.covers(max(batch_sizes), drafts=drafter is not None):
+        if candidate.covers(max(batch_sizes), drafts=drafter is not None, widths=widths if candidate.implicit else ()):
             return candidate
     elif candidate is not None and not candidate.implicit:
         if not getattr(candidate, "_announced", False):
@@ -432,14 +441,16 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
                        device_name(target.device), dtype, threads)
     path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
     model = _load_consistent(path, quiet=calibrate)  # when it is measured again, the check under the lock says so
-    if not calibrate or (model is not None and model.covers(needed, drafts=drafts)):
+    if not calibrate or (model is not None and model.covers(needed, drafts=drafts, widths=widths)):
         return model
     with file_lock(path.with_name(path.name + ".lock"), "waiting for %s: another calibration of this cost model",
                    logger):
         model = _load_consistent(path)  # written while this one waited?
-        if model is not None and model.covers(needed, drafts=drafts):
+        if model is not None and model.covers(needed, drafts=drafts, widths=widths):
             return model
         start, sizes = time.perf_counter(), sorted({1, needed})
+        if model is not None and not model.covers(1, widths=widths):  # cached before a width was calibrated
+            sizes, model = sorted(set(sizes) | set(model.points)), None
         if model is not None:
             model.extend(target, drafter, batch_sizes=sizes, progress=progress)
             if model.inconsistencies():  # the new rows contradict the cached ones: measure every size again

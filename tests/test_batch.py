@@ -309,7 +309,7 @@ def test_perfect_drafter_keeps_speculating():
 class _ScriptedPolicy(ProposalPolicy):
     """Drafts every third round and decodes plainly otherwise."""
 
-    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None, draft_cut=True):
         self.round += 1
         return "draft" if self.round % 3 == 1 else "plain"
 

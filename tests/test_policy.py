@@ -44,6 +44,23 @@ def test_policy_moving_averages_and_count_based_exploration():
     assert chosen == ["plain"] * 3 + ["draft"] + ["plain"] * 6 + ["draft"] + ["plain"]
 
 
+def test_with_a_length_head_the_draft_arm_is_scored_at_the_widths_the_head_verified():
+    """A head picks each row's length (the forward runs at their max): the curves, extrapolated to a width the head
+    never verifies, must not decide. Here the rounds verified 1 drafted token and accepted 0.5 on average, while
+    the curve measured so far (0.6, then 0.9 repeated) promises 3+ tokens at the whole block."""
+    cost = device_cost({4: {1: 1.0, 2: 1.8, 8: 4.0}}, draft=0.1)  # 4 rows; the first drafted token is the dearest
+    policy = ProposalPolicy(frozen=True)  # the best prediction, nothing recorded between the choices below
+    rows, budgets = [0, 1, 2, 3], [7] * 4
+    policy.curves["drafter"] = [0.6, 0.9]
+    policy.accepted["drafter"], policy.width = 0.5, 1.0
+    # the curves at width 7: 4 x (1 + 0.6 x (1 + 0.9 + ... + 0.9^6)) = 16.5 tokens / 4.1 s beat 4 tokens / 1.0 s
+    assert policy.choose(rows, [0] * 4, budgets, cost) == "draft"
+    # the head's rounds: 4 x (1 + 0.5) tokens / (1.8 + 0.1) s = 3.2 tok/s < 4 x 1 / 1.0 s
+    assert policy.choose(rows, [0] * 4, budgets, cost, draft_cut=False) == "plain"
+    policy.accepted["drafter"] = 1.5  # rounds that paid: 4 x 2.5 / 1.9 s = 5.3 tok/s
+    assert policy.choose(rows, [0] * 4, budgets, cost, draft_cut=False) == "draft"
+
+
 def test_policy_choices_are_a_function_of_counts_and_costs_only():
     def run(seed):
         rng = random.Random(seed)

@@ -325,7 +325,8 @@ class AdaFlashBatchGenerator:
         lookup_lens = lookup.lengths_list() if lookup is not None else [0] * rows.size
         arm = run.policy.choose(rows.keys, lookup_lens, rows.budgets, run.cost,
                                 allow_no_draft=self.knobs.allow_no_draft,
-                                explore_every=LEARNING_EXPLORE if self.online is not None else None)
+                                explore_every=LEARNING_EXPLORE if self.online is not None else None,
+                                draft_cut=run.lengths.cut_by_policy)
         return arm, lookup
 
     def _verify(self, batch: BatchState, proposals: Proposals):

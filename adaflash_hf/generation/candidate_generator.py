@@ -136,7 +136,8 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         self._found = None if lookup_ids is None else lookup_ids[:, input_ids.shape[1] :]  # scored in hindsight
         allow = self.knobs.allow_no_draft
         arm = self.policy.choose([0], [lookup_len], [budget], self.cost_model() if allow else None,
-                                 allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None)
+                                 allow_no_draft=allow, explore_every=LEARNING_EXPLORE if self.online else None,
+                                 draft_cut=self.lengths.cut_by_policy)
         width = self.policy.cut(arm)  # the verify width the policy scored best (None: the whole budget)
         if arm == "lookup":
             if width is not None:

@@ -168,18 +168,18 @@ class ProposalPolicy:
 
     # ------------------------------------------------------------------------------------------------ choices
     def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
-               explore_every: int | None = None) -> str:
+               explore_every: int | None = None, draft_cut: bool = True) -> str:
         """The arm of this round (see `_choose` for the arguments)."""
         if self.pending is not None and not self.frozen:  # the last draft round verified no drafted token
             pending, self.pending = self.pending, None
             self.record(pending, ["drafter"] * len(pending), [0] * len(pending), [0] * len(pending))
-        arm = self._choose(rows, lookup_lens, budgets, cost, allow_no_draft, explore_every)
+        arm = self._choose(rows, lookup_lens, budgets, cost, allow_no_draft, explore_every, draft_cut)
         if not self.frozen:
             self.pending = list(rows) if arm == "draft" else None
         return arm
 
     def _choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
-                explore_every: int | None = None) -> str:
+                explore_every: int | None = None, draft_cut: bool = True) -> str:
         """The arm of this round.
 
         Args:
@@ -191,6 +191,10 @@ class ProposalPolicy:
                 round with a budget drafts (rows may still verify their lookup continuation instead of the block).
             explore_every: retry losing arms at least this often (e.g. while an online adapter improves the drafter,
                 so that the policy notices); default `self.explore_every`.
+            draft_cut: the engine verifies drafted blocks at the width `cut("draft")` returns. False when a length
+                head chooses each row's length: the draft arm is then scored by what the head's rounds achieved
+                (the accepted-token averages) at the width they verified (the max over rows, `self.width`), not
+                by the position curves at a width the engine would not use.
         """
         b = len(rows)
         options = []
@@ -202,7 +206,7 @@ class ProposalPolicy:
             options.append("plain")
         self.explored, self.widths, self.scored = False, {}, len(options) > 1
         if len(options) > 1 and self.frozen:  # no state change, no exploration: the best prediction
-            return max(options, key=lambda a: self._score(a, rows, lookup_lens, budgets, cost, b))
+            return max(options, key=lambda a: self._score(a, rows, lookup_lens, budgets, cost, b, draft_cut))
         if not self.frozen:
             self.round += 1
         if len(options) == 1:
@@ -210,7 +214,7 @@ class ProposalPolicy:
         for arm in options:  # untried arms first
             if not self.arms[arm].tried:
                 return self._pick(arm, explore=False)
-        scores = {arm: self._score(arm, rows, lookup_lens, budgets, cost, b) for arm in options}
+        scores = {arm: self._score(arm, rows, lookup_lens, budgets, cost, b, draft_cut) for arm in options}
         best = max(options, key=lambda a: scores[a])
         gap = self.explore_every if explore_every is None else min(explore_every, self.explore_every)
         cap = self.max_interval if explore_every is None else gap
@@ -229,7 +233,7 @@ class ProposalPolicy:
         state.last_round = self.round
         return arm
 
-    def _score(self, arm, rows, lookup_lens, budgets, cost, b) -> float:
+    def _score(self, arm, rows, lookup_lens, budgets, cost, b, draft_cut: bool = True) -> float:
         """Expected committed tokens per predicted second of the round at its best width (module docstring)."""
         if arm == "plain":
             return b / cost.round_seconds(0, b, drafts=False)
@@ -238,7 +242,10 @@ class ProposalPolicy:
         else:
             caps = [(r, min(n, budget), "lookup") if self.row_source(r, n, budget) == "lookup" else
                     (r, budget, "drafter") for r, n, budget in zip(rows, lookup_lens, budgets)]  # <= the block
-        if all(self.curves[source] for _, cap, source in caps if cap > 0):
+        # A length head's rounds verify the widths it picks (per row; the forward runs at their max): the curves
+        # extrapolated to a width it would not use overstate them (16 rows on a CPU drafted 5 rounds at a predicted
+        # width 7 the head cut to 1-2 tokens).
+        if (arm == "lookup" or draft_cut) and all(self.curves[source] for _, cap, source in caps if cap > 0):
             return self._score_widths(arm, caps, cost, b)
         if arm == "lookup":
             tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))

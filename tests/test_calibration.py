@@ -228,6 +228,11 @@ def test_inconsistencies_name_the_points_that_contradict_the_shape_of_a_forward(
     # flat costs (an accelerator: 1-16 tokens x 1-64 rows cost about the same) and sub-millisecond noise are fine
     assert TargetCostModel(points={1: {1: 0.0200, 16: 0.0195}, 64: {1: 0.0199, 16: 0.0210}}).inconsistencies() == []
     assert TargetCostModel(points={1: {1: 0.0015, 8: 0.0004}}).inconsistencies() == []
+    # the busy 64-row point of a real cache: a one-token forward 2.1x dearer per row than at 16 rows
+    busy = {1: {1: 0.058, 2: 0.097, 8: 0.081}, 16: {1: 0.106, 2: 0.189, 8: 0.391}, 64: {1: 0.888, 2: 1.599, 8: 2.168}}
+    assert [p.split()[0] for p in TargetCostModel(points=busy).inconsistencies()] == ["64x1"]
+    quiet = {**busy, 64: {1: 0.317, 2: 1.472, 8: 2.016}}  # measured quiet: 2 tokens do cost 2x per row at 64
+    assert TargetCostModel(points=quiet).inconsistencies() == []
 
 
 def test_a_disturbed_calibration_is_measured_again_keeping_each_points_fastest_time(monkeypatch, caplog):

@@ -64,6 +64,12 @@ POINT_BUDGET_S = 1.0  # a point whose first run takes longer is timed once
 # A forward never gets cheaper with more tokens or more rows. A measured point below SLACK x a narrower (or smaller)
 # one, by more than ABS_S, means the machine was busy while the narrower one ran: the calibration is disturbed.
 MONOTONE_SLACK, MONOTONE_ABS_S = 0.8, 2e-3
+# Nor does a one-token forward cost more PER ROW with more rows (it reads the weights once for all rows: per-row cost
+# falls, or stays flat where attention dominates). A 64-row point above SLACK x the per-row cost of a smaller batch
+# was measured busy: a cache from a session with a background job read 64x1 at 888 ms (13.9 ms a row against 16
+# rows' 6.6), 317 ms quiet, which made plain rounds look dear and speculation cheap at 64 rows. Wider verifies are
+# left out: on a CPU 64 rows x 2 tokens really cost ~2x per row what 16 x 2 do (measured quiet, twice).
+PER_ROW_SLACK = 1.5
 CALIBRATION_ATTEMPTS = 3
 
 
@@ -187,7 +193,8 @@ class TargetCostModel:
 
     def inconsistencies(self) -> list[str]:
         """Measured points that contradict how a forward's cost grows: a wider verify or more rows (or a drafting
-        step for more rows) timed below `MONOTONE_SLACK` x a narrower / smaller one, by more than `MONOTONE_ABS_S`.
+        step for more rows) timed below `MONOTONE_SLACK` x a narrower / smaller one, by more than `MONOTONE_ABS_S`;
+        or a one-token forward of more rows dearer per row than `PER_ROW_SLACK` x a smaller batch's.
         Such a model was measured while something else ran; empty when consistent."""
         def compare(table: dict, label) -> list[str]:
             keys = sorted(table)
@@ -198,6 +205,10 @@ class TargetCostModel:
         found = [p for b, row in sorted(self.points.items()) for p in compare(row, lambda n, b=b: f"{b}x{n}")]
         for n in self.num_tokens():
             found += compare({b: row[n] for b, row in self.points.items() if n in row}, lambda b, n=n: f"{b}x{n}")
+        single = sorted((b, row[1]) for b, row in self.points.items() if 1 in row)
+        found += [f"{hi}x1 {t_hi * 1e3:.1f} ms > {PER_ROW_SLACK} x {hi}/{lo} x ({lo}x1 {t_lo * 1e3:.1f} ms)"
+                  for i, (hi, t_hi) in enumerate(single) for lo, t_lo in single[:i]
+                  if t_hi / hi > PER_ROW_SLACK * t_lo / lo and t_hi - t_lo * hi / lo > MONOTONE_ABS_S]
         return found + compare(self.draft, lambda b: f"drafting {b} rows")
 
     def merged_min(self, other: "TargetCostModel") -> "TargetCostModel":

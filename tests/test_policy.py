@@ -44,6 +44,26 @@ def test_policy_moving_averages_and_count_based_exploration():
     assert chosen == ["plain"] * 3 + ["draft"] + ["plain"] * 6 + ["draft"] + ["plain"]
 
 
+def test_a_retry_that_could_not_pay_even_if_every_token_were_accepted_is_not_made():
+    """64 rows on a CPU (measured): a round of 2 tokens a row costs 4.6x a plain one, so a drafted retry at the
+    curve's width + 1 loses even at full acceptance; on a flat-cost device the same retry is made on schedule."""
+    cpu = device_cost({64: {1: 0.317, 2: 1.472, 8: 2.016}}, draft=0.162)
+    flat = device_cost({64: {1: 0.020, 2: 0.020, 8: 0.021}}, draft=0.002)
+    rows, budgets = list(range(64)), [7] * 64
+    chosen = {}
+    for name, cost in (("cpu", cpu), ("flat", flat)):
+        policy = ProposalPolicy(explore_every=4)
+        policy.curves["drafter"] = [0.05]  # a drafter that misses: plain is the best prediction on both devices
+        for arm in ("draft", "plain"):
+            policy.arms[arm].tried, policy.arms[arm].last_round = True, 0
+        chosen[name] = [policy.choose(rows, [0] * 64, budgets, cost) for _ in range(40)]
+        for arm in chosen[name]:
+            if arm == "draft":
+                policy.record(rows, ["drafter"] * 64, [0] * 64, [policy.cut("draft")] * 64)
+    assert chosen["cpu"] == ["plain"] * 40
+    assert 2 <= chosen["flat"].count("draft") <= 4 and chosen["flat"][:4] == ["plain"] * 4
+
+
 def test_with_a_length_head_the_draft_arm_is_scored_at_the_widths_the_head_verified():
     """A head picks each row's length (the forward runs at their max): the curves, extrapolated to a width the head
     never verifies, must not decide. Here the rounds verified 1 drafted token and accepted 0.5 on average, while

@@ -19,8 +19,10 @@ describe drafter + target + traffic) when the policy is kept in a `SpeculationRu
 `policy_schedule` is `"persistent"` (the default); with `"transient"` every call starts from the same state (the
 runtime's policy is left untouched, the call works on a copy), so the same seed gives the same text. An arm not
 chosen for `explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
-`max_interval`); untried arms come first. `reset()` forgets everything; `frozen=True` fixes the whole state: nothing
-is recorded, no round is counted, nothing is explored, and each round takes the arm with the best prediction.
+`max_interval`), unless even full acceptance of what the retry would verify could not beat the best arm (64 rows on
+a CPU: a retry cost 5 plain rounds); untried arms come first. `reset()` forgets everything; `frozen=True` fixes
+the whole state: nothing is recorded, no round is counted, nothing is explored, and each round takes the arm with
+the best prediction.
 
 Each arm is scored at its best verify WIDTH. Per source (and per row within a run, falling back to the batch's),
 the policy keeps a curve of moving averages of `P(position k accepted | positions < k accepted)` from the rounds it
@@ -220,7 +222,8 @@ class ProposalPolicy:
         cap = self.max_interval if explore_every is None else gap
         for arm in options:  # a losing arm is retried now and then: the traffic may have changed
             state = self.arms[arm]
-            if arm != best and self.round - state.last_round > min(state.interval or gap, cap):
+            if arm != best and self.round - state.last_round > min(state.interval or gap, cap) and \
+                    self._can_win(arm, rows, lookup_lens, budgets, cost, draft_cut, scores[best]):
                 state.interval = min(2 * (state.interval or gap), cap)
                 return self._pick(arm, explore=True)
         self.arms[best].interval = 0
@@ -233,15 +236,34 @@ class ProposalPolicy:
         state.last_round = self.round
         return arm
 
+    def _can_win(self, arm, rows, lookup_lens, budgets, cost, draft_cut: bool, best_score: float) -> bool:
+        """Whether a retry of `arm` could beat `best_score` even if every position it verifies were accepted.
+
+        A retry verifies `cut(arm)` positions (one deeper than its best width; the head's width with a length head),
+        so its best case is `sum_r (1 + min(width, cap_r))` tokens over that round's predicted seconds. Where the
+        first verified tokens are the dearest (64 rows on a CPU: 2 tokens a row cost 4.6x one, 8 cost 6.4x), a
+        retry that cannot pay even then is not made: it cost 5 plain rounds each time, ~25% of a 64-token run."""
+        if arm == "draft" and not draft_cut:
+            width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
+        else:
+            width = self.widths[arm] + 1 if arm in self.widths else 1
+        caps = [min(width, cap) for _, cap, _ in self._caps(arm, rows, lookup_lens, budgets)]
+        best_case = sum(1 + cap for cap in caps) / cost.round_seconds(max(caps, default=0), len(rows),
+                                                                     drafts=arm == "draft")
+        return best_case > best_score
+
+    def _caps(self, arm, rows, lookup_lens, budgets) -> list:
+        """Per row, `(its key, most tokens it can verify in a round of `arm`, its source)`."""
+        if arm == "lookup":
+            return [(r, n, "lookup") for r, n in zip(rows, lookup_lens)]
+        return [(r, min(n, budget), "lookup") if self.row_source(r, n, budget) == "lookup" else
+                (r, budget, "drafter") for r, n, budget in zip(rows, lookup_lens, budgets)]  # <= the block
+
     def _score(self, arm, rows, lookup_lens, budgets, cost, b, draft_cut: bool = True) -> float:
         """Expected committed tokens per predicted second of the round at its best width (module docstring)."""
         if arm == "plain":
             return b / cost.round_seconds(0, b, drafts=False)
-        if arm == "lookup":
-            caps = [(r, n, "lookup") for r, n in zip(rows, lookup_lens)]
-        else:
-            caps = [(r, min(n, budget), "lookup") if self.row_source(r, n, budget) == "lookup" else
-                    (r, budget, "drafter") for r, n, budget in zip(rows, lookup_lens, budgets)]  # <= the block
+        caps = self._caps(arm, rows, lookup_lens, budgets)
         # A length head's rounds verify the widths it picks (per row; the forward runs at their max): the curves
         # extrapolated to a width it would not use overstate them (16 rows on a CPU drafted 5 rounds at a predicted
         # width 7 the head cut to 1-2 tokens).

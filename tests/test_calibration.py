@@ -94,12 +94,12 @@ def test_a_call_measures_its_own_batch_size_once_and_others_when_first_needed(ca
     monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
     prompts = [[1 + i, 2, 3, 4] for i in range(16)]
     assert generate_batch(target, drafter, prompts, 3) == generate_batch(target, None, prompts, 3)
-    assert calls == [[1, 16]]  # not 1, 2, 4, 8, 16
+    assert calls == [[1, 4, 16]]  # a factor of 4 apart (costs are not linear in rows), not 1, 2, 4, 8, 16
     generate_batch(target, drafter, prompts[:8], 3)  # within the measured rows: interpolated, nothing measured
     cost_model_for(target, drafter, batch_sizes=(1, 32))  # more rows: only the new size is measured
-    assert calls == [[1, 16], [32]]
+    assert calls == [[1, 4, 16], [32]]
     saved = TargetCostModel.load(cache_path(target, drafter))
-    assert sorted(saved.points) == [1, 16, 32] and sorted(saved.points[32]) == [1, 2, 5]
+    assert sorted(saved.points) == [1, 4, 16, 32] and sorted(saved.points[32]) == [1, 2, 5]
 
 
 def test_one_calibration_at_a_time_per_cache_file(cache, monkeypatch):
@@ -216,7 +216,7 @@ def test_library_code_never_imports_the_testbed():
 # A measurement taken while the machine was busy (found in a real cache: one row, 1 token slower than 8 tokens and
 # than 16 rows): a forward never gets cheaper with more tokens or more rows.
 DISTURBED = {1: {1: 1.350, 2: 1.200, 8: 1.019}, 16: {1: 0.141, 2: 0.250, 8: 0.351}}
-CLEAN = {1: {1: 0.050, 2: 0.070, 8: 0.091}, 16: {1: 0.141, 2: 0.250, 8: 0.351}}
+CLEAN = {1: {1: 0.050, 2: 0.070, 8: 0.091}, 4: {1: 0.080, 2: 0.120, 8: 0.160}, 16: {1: 0.141, 2: 0.250, 8: 0.351}}
 
 
 def test_inconsistencies_name_the_points_that_contradict_the_shape_of_a_forward():
@@ -263,12 +263,12 @@ def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
     monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(fake))
     assert cost_model_for(target, drafter, batch_sizes=(1, 16), calibrate=False) is None  # never used as it is
     cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
-    assert calls == [[1, 16]] and cost.points == CLEAN
+    assert calls == [[1, 4, 16]] and cost.points == CLEAN
     assert TargetCostModel.load(cache_path(target, drafter)).points == CLEAN
     # rows added later that contradict the cached ones: every size is measured again
     _fake_model({1: {1: 0.5, 2: 0.7, 8: 0.9}}, target, drafter).save(cache_path(target, drafter))
     cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
-    assert calls == [[1, 16], [16], [1, 16]] and cost.points == CLEAN
+    assert calls == [[1, 4, 16], [4, 16], [1, 4, 16]] and cost.points == CLEAN
     # still inconsistent after every attempt (a jittery device): used as measured, not measured on every load
     jittery = _fake_model(DISTURBED, target, drafter)
     jittery.measurements = cost_module.CALIBRATION_ATTEMPTS

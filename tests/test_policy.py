@@ -44,7 +44,7 @@ def test_policy_moving_averages_and_count_based_exploration():
     assert chosen == ["plain"] * 3 + ["draft"] + ["plain"] * 6 + ["draft"] + ["plain"]
 
 
-def test_a_retry_that_could_not_pay_even_if_every_token_were_accepted_is_not_made():
+def test_a_probe_or_retry_that_could_not_pay_even_if_every_token_were_accepted_is_not_made():
     """64 rows on a CPU (measured): a round of 2 tokens a row costs 4.6x a plain one, so a drafted retry at the
     curve's width + 1 loses even at full acceptance; on a flat-cost device the same retry is made on schedule."""
     cpu = device_cost({64: {1: 0.317, 2: 1.472, 8: 2.016}}, draft=0.162)
@@ -62,6 +62,25 @@ def test_a_retry_that_could_not_pay_even_if_every_token_were_accepted_is_not_mad
                 policy.record(rows, ["drafter"] * 64, [0] * 64, [policy.cut("draft")] * 64)
     assert chosen["cpu"] == ["plain"] * 40
     assert 2 <= chosen["flat"].count("draft") <= 4 and chosen["flat"][:4] == ["plain"] * 4
+    # nothing tried yet: the probe (1 drafted token a row) is skipped where it cannot pay, tried first where it can
+    assert ProposalPolicy().choose(rows, [0] * 64, budgets, cpu) == "plain"
+    assert ProposalPolicy().choose(rows, [0] * 64, budgets, flat) == "draft"
+    assert ProposalPolicy().choose([0], [0], [7], device_cost({1: {1: 0.058, 2: 0.097}}, draft=0.008)) == "draft"
+
+
+def test_with_a_length_head_lookup_rows_count_by_their_hindsight_curve_at_the_rounds_width():
+    """64 rows, a head that cut every drafted block to nothing, lookup never verified: the rows' continuations must
+    not count at their whole length (7 tokens each) in the draft arm's score, or every round drafts for nothing."""
+    cpu = device_cost({64: {1: 0.317, 2: 1.472, 8: 2.016}}, draft=0.162)
+    policy = ProposalPolicy(explore_every=1000)
+    for arm in ("draft", "plain"):
+        policy.arms[arm].tried, policy.arms[arm].last_round = True, 0
+    policy.accepted["drafter"], policy.width = 0.0, 0.0
+    policy.curves["lookup"] = [0.3]  # from hindsight: a lookup round was never chosen
+    rows, lookups = list(range(64)), [7] * 43 + [0] * 21
+    # the draft arm: 21 + 43 x (1 + 0.3) tokens / (1.472 + 0.162) s = 46 tok/s < 64 / 0.317 s; lookup's probe: even
+    # at full acceptance (64 + 43 tokens / 1.472 s) 0.36x plain, so it is not tried
+    assert [policy.choose(rows, lookups, [7] * 64, cpu, draft_cut=False) for _ in range(5)] == ["plain"] * 5
 
 
 def test_with_a_length_head_the_draft_arm_is_scored_at_the_widths_the_head_verified():

@@ -20,7 +20,8 @@ describe drafter + target + traffic) when the policy is kept in a `SpeculationRu
 runtime's policy is left untouched, the call works on a copy), so the same seed gives the same text. An arm not
 chosen for `explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
 `max_interval`), unless even full acceptance of what the retry would verify could not beat the best arm (64 rows on
-a CPU: a retry cost 5 plain rounds); untried arms come first. `reset()` forgets everything; `frozen=True` fixes
+a CPU: a retry cost 5 plain rounds); untried arms come first, but one whose probe could not beat a plain round even
+at full acceptance is not tried. `reset()` forgets everything; `frozen=True` fixes
 the whole state: nothing is recorded, no round is counted, nothing is explored, and each round takes the arm with
 the best prediction.
 
@@ -55,6 +56,11 @@ from dataclasses import dataclass, field
 
 ARMS = ("draft", "lookup", "plain")
 SCHEDULES = ("persistent", "transient")  # AdaFlashGenerationConfig.policy_schedule
+# A probe or retry is made only if, with every position it verifies accepted, it would reach this fraction of the
+# best arm's predicted tokens/s. On a CPU at 64 rows a drafted retry reaches 0.39-0.55 (2-3 tokens a row cost 4.6-5x
+# one) and cost ~5 plain rounds each time; at 4-16 rows the probe reaches 0.9-1.05, and its information (the curve
+# that later picks the width) is worth a round. Below 1 because the bound ignores what the probe teaches.
+EXPLORE_FLOOR = 0.75
 LEARNING_EXPLORE = 4  # while an online adapter learns, a losing drafter arm is retried at least every 4 rounds
 SOURCES = ("drafter", "lookup")
 
@@ -211,6 +217,10 @@ class ProposalPolicy:
             return max(options, key=lambda a: self._score(a, rows, lookup_lens, budgets, cost, b, draft_cut))
         if not self.frozen:
             self.round += 1
+        if len(options) > 1 and "plain" in options:  # an untried arm's first round is a probe (`cut`): if even
+            plain = b / cost.round_seconds(0, b, drafts=False)  # full acceptance of it loses to plain, skip the arm
+            options = [arm for arm in options if arm == "plain" or self.arms[arm].tried or
+                       self._worth_exploring(arm, rows, lookup_lens, budgets, cost, draft_cut, plain)]
         if len(options) == 1:
             return options[0]
         for arm in options:  # untried arms first
@@ -223,7 +233,7 @@ class ProposalPolicy:
         for arm in options:  # a losing arm is retried now and then: the traffic may have changed
             state = self.arms[arm]
             if arm != best and self.round - state.last_round > min(state.interval or gap, cap) and \
-                    self._can_win(arm, rows, lookup_lens, budgets, cost, draft_cut, scores[best]):
+                    self._worth_exploring(arm, rows, lookup_lens, budgets, cost, draft_cut, scores[best]):
                 state.interval = min(2 * (state.interval or gap), cap)
                 return self._pick(arm, explore=True)
         self.arms[best].interval = 0
@@ -236,8 +246,9 @@ class ProposalPolicy:
         state.last_round = self.round
         return arm
 
-    def _can_win(self, arm, rows, lookup_lens, budgets, cost, draft_cut: bool, best_score: float) -> bool:
-        """Whether a retry of `arm` could beat `best_score` even if every position it verifies were accepted.
+    def _worth_exploring(self, arm, rows, lookup_lens, budgets, cost, draft_cut: bool, best_score: float) -> bool:
+        """Whether a retry of `arm`, if every position it verifies were accepted, would reach `EXPLORE_FLOOR` x
+        `best_score`.
 
         A retry verifies `cut(arm)` positions (one deeper than its best width; the head's width with a length head),
         so its best case is `sum_r (1 + min(width, cap_r))` tokens over that round's predicted seconds. Where the
@@ -250,7 +261,7 @@ class ProposalPolicy:
         caps = [min(width, cap) for _, cap, _ in self._caps(arm, rows, lookup_lens, budgets)]
         best_case = sum(1 + cap for cap in caps) / cost.round_seconds(max(caps, default=0), len(rows),
                                                                      drafts=arm == "draft")
-        return best_case > best_score
+        return best_case > EXPLORE_FLOOR * best_score
 
     def _caps(self, arm, rows, lookup_lens, budgets) -> list:
         """Per row, `(its key, most tokens it can verify in a round of `arm`, its source)`."""
@@ -272,11 +283,17 @@ class ProposalPolicy:
         if arm == "lookup":
             tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))
             return tokens / cost.round_seconds(max(lookup_lens), b, drafts=False)
+        width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
         tokens = 0.0
         for r, n, budget in zip(rows, lookup_lens, budgets):
-            source = self.row_source(r, n, budget)
-            tokens += 1.0 + self._expected(r, source, n if source == "lookup" else budget)
-        width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
+            if self.row_source(r, n, budget) == "drafter":
+                tokens += 1.0 + self._expected(r, "drafter", budget)
+                continue
+            # a lookup row of a head's round verifies at most the round's width (the head's longest length), and
+            # before any lookup round its hindsight curve is the evidence: 64 rows drafted rounds the head cut to
+            # nothing because 43 rows' never-verified continuations counted at their whole length
+            seen = self.expected_at("lookup", min(n, width), r)
+            tokens += 1.0 + (self._expected(r, "lookup", min(n, width)) if seen is None else seen)
         return tokens / cost.round_seconds(width, b, drafts=True)
 
     def _score_widths(self, arm: str, caps: list, cost, b: int) -> float:

@@ -99,7 +99,13 @@ def test_a_call_measures_its_own_batch_size_once_and_others_when_first_needed(ca
     cost_model_for(target, drafter, batch_sizes=(1, 32))  # more rows: only the new size is measured
     assert calls == [[1, 4, 16], [32]]
     saved = TargetCostModel.load(cache_path(target, drafter))
-    assert sorted(saved.points) == [1, 4, 16, 32] and sorted(saved.points[32]) == [1, 2, 5]
+    assert sorted(saved.points) == [1, 4, 16, 32]
+    # a cache of rows 1 and 64 only (measured before the grid): the sizes between are measured, once
+    _fake_model({b: {n: 0.01 * b * n for n in (1, 2, 5)} for b in (1, 64)}, target, drafter).save(
+        cache_path(target, drafter))
+    cost_model_for(target, drafter, batch_sizes=(1, 64))
+    cost_model_for(target, drafter, batch_sizes=(1, 64))
+    assert calls[2:] == [[4, 16]] and sorted(saved.points[32]) == [1, 2, 5]
 
 
 def test_one_calibration_at_a_time_per_cache_file(cache, monkeypatch):
@@ -270,10 +276,10 @@ def test_an_inconsistent_cached_model_is_measured_again(cache, monkeypatch):
     cost = cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False)
     assert calls == [[1, 4, 16], [4, 16], [1, 4, 16]] and cost.points == CLEAN
     # still inconsistent after every attempt (a jittery device): used as measured, not measured on every load
-    jittery = _fake_model(DISTURBED, target, drafter)
+    jittery = _fake_model({**DISTURBED, 4: CLEAN[4]}, target, drafter)
     jittery.measurements = cost_module.CALIBRATION_ATTEMPTS
     jittery.save(cache_path(target, drafter))
-    assert cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False).points == DISTURBED
+    assert cost_model_for(target, drafter, batch_sizes=(1, 16), progress=False).points == {**DISTURBED, 4: CLEAN[4]}
     assert len(calls) == 3
 
 

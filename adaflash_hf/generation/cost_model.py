@@ -174,12 +174,16 @@ class TargetCostModel:
         draft = {b: self.draft_seconds(b) for b in sizes if self.draft and b not in self.draft}
         return {"points": {b: row for b, row in points.items() if row}, "draft": draft}
 
-    def covers(self, batch_size: int, drafts: bool = False, widths=()) -> bool:
+    def covers(self, batch_size: int, drafts: bool = False, widths=(), grid: bool = False) -> bool:
         """Whether batch sizes 1..`batch_size` lie within the measured ones (and drafting steps, with `drafts`), and
-        every measured batch size has each of `widths` measured (`calibration_tokens`; an older cache lacks some)."""
+        every measured batch size has each of `widths` measured (`calibration_tokens`; an older cache lacks some);
+        with `grid`, also the sizes `calibration_batches(batch_size)` puts below it (an older cache measured only 1
+        and the max)."""
         sizes = [self.points] + ([self.draft] if drafts else [])
         return (all(table and min(table) <= 1 and max(table) >= batch_size for table in sizes)
-                and all(n in row for row in self.points.values() for n in widths))
+                and all(n in row for row in self.points.values() for n in widths)
+                and (not grid or all(b in table for table in sizes
+                                     for b in calibration_batches(batch_size) if b < batch_size)))
 
     def describes(self, device, dtype=None, threads: int | None = None) -> bool:
         """Whether these numbers were measured on `device` (and dtype / CPU threads, when given)."""
@@ -318,7 +322,7 @@ class TargetCostModel:
     def extend(self, target, drafter=None, batch_sizes=(), **kwargs) -> "TargetCostModel":
         """Measure the batch sizes this model lacks (same device) and add them; returns self."""
         missing = [b for b in batch_sizes if b not in self.points or (drafter is not None and b not in self.draft)]
-        if self.covers(max(batch_sizes, default=1), drafts=drafter is not None):
+        if self.covers(max(batch_sizes, default=1), drafts=drafter is not None, grid=True):
             missing = []
         if missing:
             kwargs.setdefault("num_tokens", self.num_tokens() or None)
@@ -465,12 +469,12 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
                        device_name(target.device), dtype, threads)
     path, needed, drafts = cache_path(target, drafter), max(batch_sizes), drafter is not None
     model = _load_consistent(path, quiet=calibrate)  # when it is measured again, the check under the lock says so
-    if not calibrate or (model is not None and model.covers(needed, drafts=drafts, widths=widths)):
+    if not calibrate or (model is not None and model.covers(needed, drafts=drafts, widths=widths, grid=True)):
         return model
     with file_lock(path.with_name(path.name + ".lock"), "waiting for %s: another calibration of this cost model",
                    logger):
         model = _load_consistent(path)  # written while this one waited?
-        if model is not None and model.covers(needed, drafts=drafts, widths=widths):
+        if model is not None and model.covers(needed, drafts=drafts, widths=widths, grid=True):
             return model
         start, sizes = time.perf_counter(), calibration_batches(needed)
         if model is not None and not model.covers(1, widths=widths):  # cached before a width was calibrated

@@ -446,9 +446,9 @@ def cost_model_for(target, drafter=None, batch_sizes=(1,), candidate: TargetCost
     covers `batch_sizes`; one from another device is used as given when it was passed explicitly (not `implicit`:
     a simulated device, logged once per model). Otherwise the cached measurement for this setup (`cache_path`) is
     loaded; when it does not reach `max(batch_sizes)` rows (or there is none), `calibration_batches(max(batch_sizes))`
-    are measured (1, 4, 16, ... rows; logged, with a progress bar unless `progress=False`), under a file lock so that only one thread or process measures at a time
-    (the others wait, then read what it wrote), and cached. `calibrate=False` returns the cached model or None
-    instead of measuring.
+    are measured (1, 4, 16, ... rows; logged, with a progress bar unless `progress=False`), under a file lock so that
+    only one thread or process measures at a time (the others wait, then read what it wrote), and cached.
+    `calibrate=False` returns the cached model or None instead of measuring.
     """
     dtype, threads = target.dtype, torch.get_num_threads()
     widths = calibration_tokens(drafter)  # a cache (or a checkpoint's cost model) lacking one is measured again

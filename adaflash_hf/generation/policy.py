@@ -21,9 +21,8 @@ runtime's policy is left untouched, the call works on a copy), so the same seed 
 chosen for `explore_every` rounds is tried again (and after twice as many rounds each time that retry loses, up to
 `max_interval`), unless even full acceptance of what the retry would verify could not beat the best arm (64 rows on
 a CPU: a retry cost 5 plain rounds); untried arms come first, but one whose probe could not beat a plain round even
-at full acceptance is not tried. `reset()` forgets everything; `frozen=True` fixes
-the whole state: nothing is recorded, no round is counted, nothing is explored, and each round takes the arm with
-the best prediction.
+at full acceptance is not tried. `reset()` forgets everything; `frozen=True` fixes the whole state: nothing is
+recorded, no round is counted, nothing is explored, and each round takes the arm with the best prediction.
 
 Each arm is scored at its best verify WIDTH. Per source (and per row within a run, falling back to the batch's),
 the policy keeps a curve of moving averages of `P(position k accepted | positions < k accepted)` from the rounds it
@@ -163,12 +162,17 @@ class ProposalPolicy:
         large batch."""
         if not self.scored:
             return None
-        width = self.widths.get(arm)
-        if width is None:
-            return 1
-        if self.explored or (self.round % self.explore_every == 0 and not self.frozen):
-            return width + 1
-        return width
+        if arm not in self.widths or self.explored or (self.round % self.explore_every == 0 and not self.frozen):
+            return self._explore_width(arm)
+        return self.widths[arm]
+
+    def _explore_width(self, arm: str) -> int:
+        """What an exploration round of `arm` verifies (`cut`): one position past its best width, or 1 (a probe)."""
+        return self.widths[arm] + 1 if arm in self.widths else 1
+
+    def _head_width(self, budgets: list[int]) -> int:
+        """The width a length head's draft round verifies: the moving average of its widths, within the budget."""
+        return max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
 
     def _expected(self, row, source: str, cap: int) -> float:
         value = self.estimate(row, source)
@@ -218,7 +222,7 @@ class ProposalPolicy:
         if not self.frozen:
             self.round += 1
         if len(options) > 1 and "plain" in options:  # an untried arm's first round is a probe (`cut`): if even
-            plain = b / cost.round_seconds(0, b, drafts=False)  # full acceptance of it loses to plain, skip the arm
+            plain = self._score("plain", rows, lookup_lens, budgets, cost, b)  # full acceptance loses to plain: skip
             options = [arm for arm in options if arm == "plain" or self.arms[arm].tried or
                        self._worth_exploring(arm, rows, lookup_lens, budgets, cost, draft_cut, plain)]
         if len(options) == 1:
@@ -254,10 +258,7 @@ class ProposalPolicy:
         so its best case is `sum_r (1 + min(width, cap_r))` tokens over that round's predicted seconds. Where the
         first verified tokens are the dearest (64 rows on a CPU: 2 tokens a row cost 4.6x one, 8 cost 6.4x), a
         retry that cannot pay even then is not made: it cost 5 plain rounds each time, ~25% of a 64-token run."""
-        if arm == "draft" and not draft_cut:
-            width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
-        else:
-            width = self.widths[arm] + 1 if arm in self.widths else 1
+        width = self._head_width(budgets) if arm == "draft" and not draft_cut else self._explore_width(arm)
         caps = [min(width, cap) for _, cap, _ in self._caps(arm, rows, lookup_lens, budgets)]
         best_case = sum(1 + cap for cap in caps) / cost.round_seconds(max(caps, default=0), len(rows),
                                                                      drafts=arm == "draft")
@@ -283,7 +284,7 @@ class ProposalPolicy:
         if arm == "lookup":
             tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))
             return tokens / cost.round_seconds(max(lookup_lens), b, drafts=False)
-        width = max(budgets) if self.width is None else min(max(budgets), max(1, round(self.width)))
+        width = self._head_width(budgets)
         tokens = 0.0
         for r, n, budget in zip(rows, lookup_lens, budgets):
             if self.row_source(r, n, budget) == "drafter":

@@ -61,6 +61,10 @@ def test_tensor_ops_outside_the_forwards_are_projected_at_the_devices_price_per_
     assert log.host_seconds == pytest.approx(0.0)
     assert projected_seconds(log, SYNTHETIC) == pytest.approx(2 * 0.016 + 2 * 0.020 + 50 * per_op)
     assert ForwardLog(target=[(1, 1)], ops=10, target_ops=0).copy().ops == 10  # copy keeps every field
+    # the counter's own Python (1,000 ops it saw outside the forwards at 20 us each here) is not the run's host time
+    counted = ForwardLog(target=[(1, 4)], target_seconds=0.3, wall_seconds=0.5, ops=50, ops_seconds=0.1,
+                         target_ops=100, dispatched=1000, dispatch_overhead=20e-6)
+    assert counted.counter_seconds == pytest.approx(0.02) and counted.host_seconds == pytest.approx(0.08)
 
 
 def test_the_op_counter_times_only_work_outside_the_forwards():
@@ -75,17 +79,18 @@ def test_the_op_counter_times_only_work_outside_the_forwards():
         out, stats = speculate(target, prompt, drafter, max_new_tokens=12, do_sample=False)
         probe.log.wall_seconds = time.perf_counter() - start
         x = torch.randn(64, 9, 512)
-        before = probe.log.ops
+        before, seen = probe.log.ops, probe.log.dispatched
         x.argmax(-1), x.view(-1).sum()  # 2 kernels outside any forward (the view launches none)
-        assert probe.log.ops == before + 2
+        assert probe.log.ops == before + 2 and probe.log.dispatched == seen + 3  # the view's Python is the counter's
     finally:
         probe.close()
     log = probe.log
     assert torch.equal(out, target.generate(prompt, max_new_tokens=12, do_sample=False))
     # every full target forward ran many counted ops; the rounds ran some outside (acceptance, argmax, caches)
     assert log.target_ops >= 10 * len(log.target) and log.ops > stats.rounds
-    assert 0 < log.ops_seconds < log.wall_seconds and log.host_seconds == pytest.approx(
-        log.wall_seconds - log.target_seconds - log.drafter_seconds - log.ops_seconds)
+    assert log.dispatch_overhead > 0 and log.dispatched > log.ops  # measured when the probe started
+    assert 0 < log.ops_seconds < log.wall_seconds and log.host_seconds == pytest.approx(max(0.0,
+        log.wall_seconds - log.target_seconds - log.drafter_seconds - log.ops_seconds - log.counter_seconds))
     torch.randn(3).sum()
     assert probe.log.ops == log.ops  # closed: nothing counted any more
 
@@ -264,6 +269,11 @@ def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path
         assert rates["transformers_cb"] is None  # packed rows: not projected
         assert all(rates[m] > 0 for m in ("plain_batched", "engine_plain", "hybrid"))
         assert all(d["identical"] == d["total"] for d in result["detail"][level].values())
+        for method, split in projected["seconds_split"][level].items():  # the rate is what its split adds up to
+            tokens = 2 * 4  # 2 requests x 4 new tokens (no EOS)
+            assert set(split) == {"host", "target", "drafter", "ops"}
+            assert tokens / sum(split.values()) == pytest.approx(rates[method], rel=1e-3)
+        assert projected["seconds_split"][level]["engine_plain"]["drafter"] == 0
     results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=("plain", "adaflash"),
                             max_new_tokens=6, raw=True, progress=False)
     for m in results:

@@ -26,6 +26,8 @@ kernels. Timed on this CPU it is compute, not host work, and it grows with rows 
 kernels (view-like ops excluded) and times them outside the forwards; they leave host time, and each is projected at
 the device's seconds per op of the target's own forwards in the same run (`cost.seconds` of every target forward /
 the ops counted inside them): the launch-bound price of a kernel there, an assumption the projected block states.
+The counter's own Python (~7 us an op here, measured when the probe starts: `_dispatch_overhead`) is not host work
+of the run, and is taken out of host time (`ForwardLog.counter_seconds`).
 Without it (hand-made logs) that work stays in host time: the conservative projection. A prefill forward is
 projected as one forward of the widest measured width (`cost.seconds` is not extrapolated past the measured widths).
 A run with partial target forwards (early-exit drafting) is not projected.
@@ -33,10 +35,12 @@ A run with partial target forwards (early-exit drafting) is not projected.
 Projected numbers are never measurements: they are printed and saved apart from the measured columns and verdicts.
 """
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -66,10 +70,18 @@ class ForwardLog:
     ops: int = 0  # tensor ops outside the forwards (`count_ops`), and their seconds here
     ops_seconds: float = 0.0
     target_ops: int = 0  # tensor ops inside the full target forwards (the device's seconds per op: module docstring)
+    dispatched: int = 0  # every op the counter saw outside the forwards (views included) ...
+    dispatch_overhead: float = 0.0  # ... and the seconds the counter itself adds to each, measured here
+
+    @property
+    def counter_seconds(self) -> float:
+        """The op counter's own Python time outside the forwards: measured overhead, not host work of the run."""
+        return self.dispatched * self.dispatch_overhead
 
     @property
     def host_seconds(self) -> float:
-        return max(self.wall_seconds - self.target_seconds - self.drafter_seconds - self.ops_seconds, 0.0)
+        return max(self.wall_seconds - self.target_seconds - self.drafter_seconds - self.ops_seconds
+                   - self.counter_seconds, 0.0)
 
     def copy(self) -> "ForwardLog":
         return dataclasses.replace(self, target=list(self.target), drafter=list(self.drafter))
@@ -130,6 +142,8 @@ class ForwardProbe:
                 self._patched = drafter
                 drafter.draft_logits = self._timed(drafter.draft_logits)  # an instance attribute: removed by close()
         self._ops = _OpCounter(self) if count_ops else None
+        self._overhead = _dispatch_overhead() if count_ops else 0.0
+        self.log.dispatch_overhead = self._overhead
         if self._ops is not None:
             self._ops.__enter__()
 
@@ -187,7 +201,7 @@ class ForwardProbe:
         return timed
 
     def reset(self) -> None:
-        self.log = ForwardLog()
+        self.log = ForwardLog(dispatch_overhead=self._overhead)
         self._target = self._drafter = None
 
     def close(self) -> None:
@@ -212,17 +226,44 @@ class _OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         probe, kwargs = self.probe, kwargs or {}
-        if func.overloadpacket.__name__ in VIEW_OPS or probe._drafter is not None or probe._in_logits:
-            return func(*args, **kwargs)  # no kernel, or part of the drafting step (the cost model's)
+        if probe._drafter is not None or probe._in_logits:
+            return func(*args, **kwargs)  # part of the drafting step (the cost model's)
         if probe._target is not None:
-            probe._target_ops += 1
+            probe._target_ops += func.overloadpacket.__name__ not in VIEW_OPS
             return func(*args, **kwargs)
+        probe.log.dispatched += 1  # this call's Python leaves host time (`ForwardLog.counter_seconds`)
+        if func.overloadpacket.__name__ in VIEW_OPS:
+            return func(*args, **kwargs)  # no kernel
         start = time.perf_counter()
         try:
             return func(*args, **kwargs)
         finally:
             probe.log.ops += 1
             probe.log.ops_seconds += time.perf_counter() - start
+
+
+def _dispatch_overhead(n: int = 2000) -> float:
+    """Seconds the op counter adds to one tensor op on this machine (its Python, the timer around it): the same
+    small ops timed bare and under a counter, best of 3. Without the correction a run's host time carried it (~7 us
+    an op here, a few ms a round at 64 rows), billed as host work the device would have to do."""
+    x = torch.zeros(8)
+
+    class _Log:  # a probe outside every forward, as the counter sees one
+        _drafter = _target = None
+        _in_logits = False
+        log = ForwardLog()
+
+    def timed(mode) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            with mode:
+                for _ in range(n):
+                    x.add(1)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    return max(timed(_OpCounter(_Log())) - timed(contextlib.nullcontext()), 0.0) / n
 
 
 def cost_model_info(cost, path=None) -> dict:

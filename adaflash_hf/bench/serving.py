@@ -179,7 +179,7 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
     """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict;
     `profile`: our engine's per-phase `ms_per_round` (synchronizes the device at every phase of every round)."""
     from .models import apply_cost_model
-    from .projection import ForwardProbe, cost_model_info, projected_seconds
+    from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
     projected_on = apply_cost_model(drafter, cost_model_path)  # decide with it; project onto it
     head = runtime_of(drafter).length_head
@@ -210,7 +210,7 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
     probe = None
     if projected_on is not None:
         probe = ForwardProbe(target, drafter, count_ops=True)
-        result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}}
+        result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}, "seconds_split": {}}
     for level in tqdm(levels, desc="serving", disable=not progress):
         n = requests or min(4 * level, max(max_requests, level))
         stream = request_stream(n, len(prompts), rate, seed)
@@ -233,10 +233,14 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
                 metrics = serving_metrics(served, time.perf_counter() - start)
                 if probe is not None and not runs[method]:
                     probe.log.wall_seconds = time.perf_counter() - start
-                    seconds = None if method == "transformers_cb" else projected_seconds(probe.log, projected_on)
+                    split = None if method == "transformers_cb" else projected_split(probe.log, projected_on)
+                    seconds = sum(split.values()) if split else None
                     tokens = sum(len(x.tokens) for x in served)
                     result["projected"]["concurrency"].setdefault(str(level), {})[method] = (
                         tokens / seconds if seconds else None)
+                    if split:  # where the projected seconds go: host (measured here) / target / drafter / ops
+                        result["projected"]["seconds_split"].setdefault(str(level), {})[method] = {
+                            k: round(v, 6) for k, v in split.items()}
                 if not runs[method]:
                     metrics["identical"] = sum(s.tokens == reference(s.prompt_index) for s in served)
                     metrics["total"] = len(served)
@@ -277,10 +281,16 @@ def print_serving(result: dict) -> None:
               "not measured - this machine's host time + that device's forward costs for the rounds run here")
         if projected.get("assumptions"):
             print(f"  assumes: {projected['assumptions']}")
-        print(f"{'c':>4} {'method':<16}{'proj tok/s':>11}")
+        print(f"{'c':>4} {'method':<16}{'proj tok/s':>11}{'vs engine_plain':>16}   seconds: host (here) / target / "
+              "drafter (cost model) / ops")
         for level, rates in projected["concurrency"].items():
+            plain = rates.get("engine_plain")
             for method, rate in rates.items():
-                print(f"{level:>4} {method:<16}" + (f"{rate:>11.1f}" if rate else f"{'n/a':>11}"))
+                ratio = f"{rate / plain:>15.2f}x" if rate and plain else f"{'-':>16}"
+                parts = projected.get("seconds_split", {}).get(level, {}).get(method)
+                split = " / ".join(f"{parts[k]:.2f}" for k in SPLIT) if parts else "-"
+                shown = f"{rate:>11.1f}" if rate else f"{'n/a':>11}"
+                print(f"{level:>4} {method:<16}{shown}{ratio}   {split}")
 
 
 def plot_serving(result: dict, path) -> None:

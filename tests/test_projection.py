@@ -247,9 +247,9 @@ def test_report_prints_the_projection_apart_and_verdicts_ignore_it(tmp_path):
     assert build_parser().parse_args(["bench-serving", "--cost-model", "h200-smollm2-135m"]).cost_model
 
 
-def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path):
+def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path, capsys):
     from adaflash_hf.bench.runner import run_benchmark
-    from adaflash_hf.bench.serving import run_serving
+    from adaflash_hf.bench.serving import print_serving, run_serving
     from adaflash_hf.generation.runtime import runtime_of
 
     from .test_bench import RECORDS, CharTokenizer
@@ -274,6 +274,10 @@ def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path
             assert set(split) == {"host", "target", "drafter", "ops"}
             assert tokens / sum(split.values()) == pytest.approx(rates[method], rel=1e-3)
         assert projected["seconds_split"][level]["engine_plain"]["drafter"] == 0
+    print_serving(result)  # the projected block prints each method's split and its ratio to engine_plain
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   2 hybrid")]
+    ratio = projected["concurrency"]["2"]["hybrid"] / projected["concurrency"]["2"]["engine_plain"]
+    assert len(lines) == 2 and f"{ratio:.2f}x" in lines[-1]  # the measured row, then the projected one
     results = run_benchmark(target, CharTokenizer(), drafter, RECORDS, methods=("plain", "adaflash"),
                             max_new_tokens=6, raw=True, progress=False)
     for m in results:

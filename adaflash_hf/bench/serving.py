@@ -45,6 +45,7 @@ from ..generation.batch import generate_batch, run_knobs
 from ..generation.cost_model import cost_model_for, synchronize
 from ..generation.runtime import SpeculationRuntime, runtime_of
 from ..testbed.prompts import encode_prompt
+from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
 
 PEERS = ("transformers_cb", "plain_batched")
@@ -179,7 +180,6 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
     """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict;
     `profile`: our engine's per-phase `ms_per_round` (synchronizes the device at every phase of every round)."""
     from .models import apply_cost_model
-    from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
     projected_on = apply_cost_model(drafter, cost_model_path)  # decide with it; project onto it
     head = runtime_of(drafter).length_head

@@ -178,3 +178,21 @@ def test_readme_recipe_without_the_package_installed(testbed, plain, tmp_path):
                                  "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                                  "OMP_NUM_THREADS": "1"})  # torch's default (all cores) thrashes a shared CPU
     assert result.returncode == 0 and "REMOTE_REAL_OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_candidate_trees_on_the_h200_costs_equal_plain(testbed, plain):
+    """The batched engine deciding with the H200 reference's costs verifies several candidate blocks per row (the
+    verify forward is flat in width there); every row still equals plain greedy `generate`."""
+    from adaflash_hf.generation import SpeculationRuntime
+    from adaflash_hf.generation.batch import generate_batch
+    from adaflash_hf.generation.cost_model import shipped_cost_model
+
+    target, tokenizer, drafter, prompts = testbed
+    ids = [_inputs(tokenizer, r["prompt"])["input_ids"][0].tolist() for r in prompts]
+    runtime = SpeculationRuntime(cost_model=shipped_cost_model("h200-smollm2-135m"))
+    with torch.inference_mode():
+        out, stats = generate_batch(target, drafter, ids, SPEC_TOKENS, runtime=runtime, return_stats=True)
+    for r, record in enumerate(prompts):
+        reference = plain(record["prompt"], SPEC_TOKENS)[0, len(ids[r]):].tolist()
+        assert out[r] == reference, f"[{record['domain']}] {record['prompt'][:80]!r}"
+    assert stats.candidates and max(stats.candidates) > 1 and max(stats.verify_widths) <= 16

@@ -30,6 +30,37 @@ def test_walk_moves_like_the_serving_loop():
     assert pooled_tau([result, capped]) == pytest.approx(1 + 6 / 6)
 
 
+def test_walk_keeps_the_best_candidate_and_honours_the_width():
+    seq = torch.tensor([5, 6, 7, 1, 2, 3, 4, 9, 9, 8])  # prompt of 3, response 1 2 3 4 9 9 8
+    trees = torch.zeros(7, 2, 3, dtype=torch.long)
+    trees[0] = torch.tensor([[0, 3, 4], [2, 3, 4]])  # anchor 3: the drafter's block misses, candidate 1 takes 3
+    trees[4, 1] = torch.tensor([9, 9, 8])  # anchor 7: candidate 1 is right, but only 1 token is left to accept
+    result = walk_rounds(trees, seq, 3, max_length=100)
+    assert result.accepted == [3, 1] and result.drafted == [3, 3]
+    assert walk_rounds(trees[:, 0], seq, 3, max_length=100).accepted == [0, 0, 0, 0, 0, 0]  # the block alone
+    cut = walk_rounds(trees, seq, 3, max_length=100, width=2)  # verify 2 deep: 2 accepted, a miss at anchor 6
+    assert cut.accepted == [2, 0, 1] and set(cut.drafted) == {2}
+
+
+def test_candidate_drafts_share_the_block_after_the_first_token():
+    from adaflash_hf import AdaFlashDrafterModel
+
+    target = make_tiny_target()
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
+    ids = torch.randint(0, target.config.vocab_size, (12,))
+    with torch.no_grad():
+        out = target(input_ids=ids[None], output_hidden_states=True)
+    context = torch.cat([out.hidden_states[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    embed, head = target.get_input_embeddings(), target.lm_head
+    one = draft_every_anchor(drafter, embed, head, ids, context, 5)
+    trees = draft_every_anchor(drafter, embed, head, ids, context, 5, candidates=3)
+    assert trees.shape == (7, 3, 3) and torch.equal(trees[:, 0], one)
+    assert torch.equal(trees[:, 1:, 1:], one[:, None, 1:].expand(-1, 2, -1))
+    firsts = trees[:, :, 0]
+    assert all(len(set(row)) == 3 for row in firsts.tolist())  # three different first tokens per anchor
+
+
 def test_uniform_anchors_and_greedy_prefix():
     seq = torch.tensor([5, 6, 1, 2, 3])
     argmax = torch.tensor([0, 1, 2, 9, 0])  # the target would say 9 after "1 2": the sequence leaves its path at 4

@@ -13,7 +13,10 @@ most `c` running at once by every method:
 * `fixed_block`: our engine drafting and verifying the whole block every round;
 * `adaptive`: our engine with the length head + the device-calibrated cost model choosing the verify length, and
   plain rounds when speculation does not pay (only with a length head);
-* `hybrid`: our engine's defaults (per-row prompt lookup + drafter + head if any + plain-round fallback).
+* `hybrid`: our engine's defaults (per-row prompt lookup + drafter + head if any + plain-round fallback, and as
+  many candidate blocks per row as the device verifies for free: `generation/candidates.py`);
+* `hybrid_single`: `hybrid` verifying one drafted block per row (`draft_candidates=1`), to show what the
+  candidates buy.
 
 Reported per level and method: output tokens/s (all new tokens / the run's wall time), time to first token (TTFT)
 and inter-token latency (ITL: gaps between a request's successive token deliveries; the tokens of one speculative
@@ -49,8 +52,9 @@ from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
 
 PEERS = ("transformers_cb", "plain_batched")
-OURS = ("engine_plain", "fixed_block", "adaptive", "hybrid")
+OURS = ("engine_plain", "fixed_block", "adaptive", "hybrid", "hybrid_single")
 METHODS = (*PEERS, *OURS)
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "hybrid_single")  # the ablation runs when asked for
 
 
 @dataclass
@@ -141,7 +145,8 @@ def _engine_setup(drafter, method: str, head):
     if method == "adaptive":
         return drafter, run_knobs(drafter, length_policy="head", hybrid_lookup=False, allow_no_draft=True), \
             SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
-    return drafter, run_knobs(drafter), SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
+    single = {"draft_candidates": 1} if method == "hybrid_single" else {}
+    return drafter, run_knobs(drafter, **single), SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
 
 
 def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[tuple[int, float]],
@@ -174,7 +179,8 @@ def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[t
 
 @torch.inference_mode()
 def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128), max_new_tokens: int = 64,
-                methods=METHODS, max_requests: int = 256, requests: int | None = None, rate: float | None = None,
+                methods=DEFAULT_METHODS, max_requests: int = 256, requests: int | None = None,
+                rate: float | None = None,
                 repeats: int = 1, seed: int = 0, raw: bool = False, progress: bool = True,
                 cost_model_path=None, profile: bool = False) -> dict:
     """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict;
@@ -340,7 +346,7 @@ def add_parser(sub) -> None:
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals at this many requests/s "
                                                             "(default: all queued at t=0)")
     p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=64)
-    p.add_argument("--methods", type=choice_list("--methods", METHODS), default=",".join(METHODS))
+    p.add_argument("--methods", type=choice_list("--methods", METHODS), default=",".join(DEFAULT_METHODS))
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the models run (auto: the accelerator when there is one, else the CPU)")

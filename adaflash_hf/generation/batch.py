@@ -60,6 +60,7 @@ from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
+from .candidates import CandidateTree, FirstTokenHits, TreeVerdict, tree_allowed, tree_shape
 from .proposers import (BlockDraftProposer, DraftRows, LookupProposer, NoDraftProposer, Proposals, lookup_hindsight,
                         swap_in_lookup)
 from .runtime import SpeculationRuntime, generation_config_of, runtime_of
@@ -95,6 +96,8 @@ class BatchRun:
     policy: object | None = None  # the run's ProposalPolicy (`SpeculationRuntime.policy_for_call`)
     drafting: BlockDraftProposer | None = None  # the run's proposers (`proposers.py`)
     looking_up: LookupProposer | None = None
+    candidates: int = 1  # the most candidate blocks a row verifies per round (`candidates.py`); 1: linear rounds
+    first_hits: FirstTokenHits = field(default_factory=FirstTokenHits)  # what more candidates buy (`tree_shape`)
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
     admission: Admission | None = None  # a request stream's driver (`generate(admission=...)`), or None
@@ -207,7 +210,11 @@ class AdaFlashBatchGenerator:
         run.policy = runtime.policy_for_call(knobs)
         head = runtime.length_head
         lengths = LengthChooser(knobs.length_policy, head, None, self.block_size, knobs.assistant_confidence_threshold)
-        if knobs.allow_no_draft or lengths.uses_head:
+        attention = getattr(self.target.config, "_attn_implementation", None)
+        if not self.learn_rounds and tree_allowed(run.sampler.do_sample, run.sampler.needs_sequences, attention):
+            run.candidates = knobs.draft_candidates  # how many are free is the cost model's call, per round
+        # candidate trees alone never calibrate one (an always-drafting run without a head uses one it is given)
+        if knobs.allow_no_draft or lengths.uses_head or (run.candidates > 1 and runtime.cost_model is not None):
             run.cost = lengths.cost = cost_model_for(self.target, self.drafter, batch_sizes=(1, cap),
                                                      candidate=runtime.cost_model)
         run.lengths = lengths
@@ -299,7 +306,8 @@ class AdaFlashBatchGenerator:
         if arm == "draft":
             if width is not None and run.lengths.cut_by_policy:
                 rows.budgets = [min(b, width) for b in rows.budgets]
-            proposals = swap_in_lookup(run.drafting.propose(rows), lookup, run.policy, batch.prompt_idx)
+            proposals = swap_in_lookup(run.drafting.propose(rows, tree=self._tree_rule(run, batch.size)), lookup,
+                                       run.policy, batch.prompt_idx)
         elif arm == "lookup":
             run.stats.lookup_rounds += 1
             proposals = lookup if width is None else lookup.cut(width)
@@ -307,12 +315,26 @@ class AdaFlashBatchGenerator:
             run.stats.plain_rounds += 1
             proposals = NoDraftProposer(self.device).propose(rows)
         timer.lap("draft")
-        out = self._verify(batch, proposals)
-        timer.lap("verify")
-        accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
-                                                proposals.one_hot, rows.sequences)
-        self._advance(run, batch, out, proposals, accepted, next_tok, lookup)
+        if proposals.alternatives is not None:  # several candidate blocks per row, one forward (`candidates.py`)
+            out, verdict = self._verify_tree(run, batch, proposals)
+            timer.lap("verify")
+            proposals.drafts, accepted, next_tok = verdict.drafts, verdict.accepted, verdict.next_tok
+            self._advance(run, batch, out, proposals, accepted, next_tok, lookup, verdict)
+        else:
+            out = self._verify(batch, proposals)
+            timer.lap("verify")
+            accepted, next_tok = run.sampler.accept(out.logits, proposals.drafts, proposals.lengths, proposals.q,
+                                                    proposals.one_hot, rows.sequences)
+            self._advance(run, batch, out, proposals, accepted, next_tok, lookup)
         timer.lap("accept")
+
+    @staticmethod
+    def _tree_rule(run: BatchRun, rows: int):
+        """`m -> (k, m')` for the proposer: the round's candidate tree (`candidates.tree_shape`), or None."""
+        if run.candidates <= 1 or run.cost is None:
+            return None
+        expected = lambda w: run.policy.expected_at("drafter", w)  # noqa: E731
+        return lambda m: tree_shape(run.cost, rows, m, run.candidates, run.first_hits, expected)
 
     def _choose_arm(self, run: BatchRun, rows: DraftRows, room: list[int]) -> tuple[str, Proposals | None]:
         """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation (None without
@@ -341,13 +363,37 @@ class AdaFlashBatchGenerator:
         out.position_ids = position_ids
         return out
 
+    def _verify_tree(self, run: BatchRun, batch: BatchState, proposals: Proposals):
+        """ONE target forward over every row's candidate tree, greedy acceptance, and the forward's outputs along
+        each row's kept candidate: `(out, TreeVerdict)`, `out.logits [b, m + 1, V]` and the context's hidden states
+        as if that candidate had been the only proposal."""
+        tree = CandidateTree.from_proposals(proposals.drafts, proposals.lengths, proposals.alternatives,
+                                            proposals.sources)
+        position_ids = batch.next_pos[:, None] + tree.depth()[None, :]
+        out = self.target(input_ids=tree.input_ids(batch.last_tok), position_ids=position_ids,
+                          attention_mask=tree.attention_mask(batch.target.mask, self.embeddings.weight.dtype),
+                          cache=batch.target.cache, use_cache=True, output_hidden_states=self.hidden_state_ids)
+        target_tokens = run.sampler.greedy_tokens(out.logits)
+        verdict = tree.accept(target_tokens)
+        run.first_hits.record(tree.drafts[:, :, 0], target_tokens[:, 0], tree.branches > 1)
+        out.logits = verdict.along_path(out.logits)
+        if self.hidden_state_ids:
+            states = list(out.hidden_states)
+            for i in self.hidden_state_ids:
+                states[i] = verdict.along_path(states[i])
+            out.hidden_states = tuple(states)
+        out.position_ids = batch.next_pos[:, None] + torch.arange(verdict.path.shape[1], device=self.device)
+        run.stats.candidates.append(tree.shape[1])
+        return out, verdict
+
     def _advance(self, run: BatchRun, batch: BatchState, out, proposals: Proposals, accepted, next_tok,
-                 lookup: Proposals | None = None) -> None:
+                 lookup: Proposals | None = None, verdict: TreeVerdict | None = None) -> None:
         """Caches, context and positions move on; policy, length rule and online adapter learn; tokens commit.
-        `lookup`: the rows' lookup continuations of this round (scored in hindsight where a row verified nothing)."""
+        `lookup`: the rows' lookup continuations of this round (scored in hindsight where a row verified nothing).
+        `verdict`: a tree round's (`_verify_tree`): the target cache keeps the kept candidates' slots."""
         m = proposals.drafts.shape[1]
         j = torch.arange(m + 1, device=self.device)
-        batch.target.append(j[None, :] <= accepted[:, None])
+        batch.target.append(verdict.cache_valid() if verdict is not None else j[None, :] <= accepted[:, None])
         accepted_l, lengths_l = accepted.tolist(), proposals.lengths_list()
         if self.drafter is not None:
             if proposals.arm != "plain":
@@ -381,7 +427,7 @@ class AdaFlashBatchGenerator:
         stats = run.stats
         stats.rounds += 1
         stats.batch_sizes.append(batch.size)
-        stats.verify_widths.append(m + 1)
+        stats.verify_widths.append(verdict.width if verdict is not None else m + 1)
         rows = zip(batch.prompt_idx, proposals.drafts.tolist(), accepted_l, next_tok.tolist(), lengths_l,
                    proposals.sources)
         for i, row_drafts, a, token, length, source in rows:

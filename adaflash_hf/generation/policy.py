@@ -145,14 +145,19 @@ class ProposalPolicy:
         """Expected accepted tokens of `source` when `width` tokens are verified: from `row`'s own curve when it has
         one (this run's text: a request of repetitive prose is not a chat request), else the batch's; positions
         past the measured ones repeat the last measured rate. None before any round of `source` was recorded."""
+        totals = self.expected_upto(source, width, row)
+        return None if totals is None else totals[width]
+
+    def expected_upto(self, source: str, width: int, row=None) -> list[float] | None:
+        """`[expected_at(source, w, row) for w in 0 .. width]` in one pass over the curve (None without one)."""
         curve = self.row_curves.get(row, {}).get(source) or self.curves[source]
         if not curve:
             return None
-        total, alive = 0.0, 1.0
+        totals, alive = [0.0], 1.0
         for k in range(width):
             alive *= curve[min(k, len(curve) - 1)]
-            total += alive
-        return total
+            totals.append(totals[-1] + alive)
+        return totals
 
     def cut(self, arm: str) -> int | None:
         """The verify width for `arm` this round: the width the last `choose` scored best; 1 (a probe) while the arm
@@ -301,9 +306,10 @@ class ProposalPolicy:
         """The best over verify widths `w` of `sum_r (1 + E_source_r(min(w, cap_r))) / round_seconds(w)`; the width
         is kept for `cut(arm)`. `caps`: per row, `(its key, most tokens it can verify, its source)`."""
         best, best_w = 0.0, 1
+        # each row's expected tokens at every width, one pass over its curve (64 rows x 7 widths a round)
+        totals = [self.expected_upto(source, cap, r) if cap > 0 else [0.0] for r, cap, source in caps]
         for w in range(1, max((cap for _, cap, _ in caps), default=0) + 1):
-            tokens = sum(1.0 + (self.expected_at(source, min(w, cap), r) if cap > 0 else 0.0)
-                         for r, cap, source in caps)
+            tokens = sum(1.0 + row[min(w, len(row) - 1)] for row in totals)
             score = tokens / cost.round_seconds(w, b, drafts=arm == "draft")
             if score >= best:  # a tie (flat costs) goes to the wider width: its extra positions are free
                 best, best_w = score, w

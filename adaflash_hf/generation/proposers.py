@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from .batch_state import BatchState
+from .candidates import first_token_alternatives
 from .drafting import LengthChooser, draft_logits, finite_prefix, noise_embeds, to_full_vocab
 from .lookup import BatchLookup
 from .sampler import SpeculativeSampler
@@ -49,6 +50,7 @@ class Proposals:
     raw_logits: torch.Tensor | None = None
     survival: torch.Tensor | None = None
     host_lengths: list[int] | None = None  # `lengths` as read to the host by the proposer (no second sync)
+    alternatives: torch.Tensor | None = None  # [b, k - 1] other candidates' first tokens (`candidates.py`)
 
     @classmethod
     def empty(cls, b: int, device) -> "Proposals":
@@ -179,9 +181,11 @@ class BlockDraftProposer:
                 layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
         return queries, out.last_hidden_state
 
-    def propose(self, rows: DraftRows, learn: bool = False) -> Proposals:
+    def propose(self, rows: DraftRows, learn: bool = False, tree=None) -> Proposals:
         """Draft up to `max(rows.budgets)` tokens per row. `learn`: the forward and the drafted logits keep their
-        autograd graph (`Proposals.raw_logits`) for an OnlineSpec adapter that learns from this very draft."""
+        autograd graph (`Proposals.raw_logits`) for an OnlineSpec adapter that learns from this very draft.
+        `tree`: `m -> (k, m')`, the round's candidate blocks per row and their width once the lengths are chosen
+        (`candidates.tree_shape`); `k > 1` fills `Proposals.alternatives` and cuts the drafts to `m'`."""
         device = rows.state.last_tok.device
         budgets = torch.tensor(rows.budgets, device=device)
         with torch.enable_grad() if learn else torch.no_grad():
@@ -206,9 +210,16 @@ class BlockDraftProposer:
             lens = lengths.tolist()
             m = max(lens)
             drafts, q, processed = drafts[:, :m], (None if q is None else q[:, :m]), None
+        k, width = tree(m) if tree is not None and m > 0 else (1, m)
+        alternatives = None
+        if k > 1:
+            alternatives = first_token_alternatives(logits[:, 0], vocab_ids, drafts[:, 0], k)
+            if width < m:
+                lengths, lens, m = lengths.clamp(max=width), [min(n, width) for n in lens], width
+                drafts, q = drafts[:, :m], (None if q is None else q[:, :m])
         return Proposals("draft", drafts, lengths, ["drafter" if n else "none" for n in lens], q,
                          noise=queries, logits=processed, raw_logits=raw if raw.requires_grad else None,
-                         survival=survival, host_lengths=lens)
+                         survival=survival, host_lengths=lens, alternatives=alternatives)
 
 
 def swap_in_lookup(draft: Proposals, lookup: Proposals | None, policy, keys: list) -> Proposals:

@@ -234,6 +234,14 @@ class SpeculativeSampler:
             return accepted, target_tok.gather(1, accepted[:, None]).squeeze(1)
         return rejection_sample(scores.softmax(dim=-1), q, drafts, lengths, self.generator, one_hot)
 
+    def greedy_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """`[b, q, V]` target logits -> `[b, q]` processed argmax at every slot (tree verification,
+        `candidates.py`: sequence-free processors only, as no slot has one sequence to give them)."""
+        if not self.sequence_free:
+            raise ValueError("per-slot greedy tokens need sequence-free logits processors.")
+        b, q, v = logits.shape
+        return self.process(logits.float().reshape(b * q, v)).argmax(dim=-1).view(b, q)
+
     @staticmethod
     def _padded(contexts: list[torch.Tensor], drafts: torch.Tensor) -> torch.Tensor:
         """`[b, W + m]`: each context left-padded with its own first token to the longest, then the drafts."""

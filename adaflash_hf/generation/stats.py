@@ -66,7 +66,8 @@ class BatchStats:
     prefill_joins: int = 0  # prefills whose rows joined a running batch (continuous mode)
     drafter_forwards: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # active rows per round
-    verify_widths: list[int] = field(default_factory=list)  # tokens per row in each verify forward (M + 1)
+    verify_widths: list[int] = field(default_factory=list)  # tokens per row per verify forward (M + 1; tree: 1 + k M)
+    candidates: list[int] = field(default_factory=list)  # candidate blocks per row of each tree round (`candidates.py`)
     verified: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens verified per round
     accepted: list[list[int]] = field(default_factory=list)  # per prompt: drafted tokens accepted per round
     committed: list[list[int]] = field(default_factory=list)  # per prompt: new tokens per round (prefill first)

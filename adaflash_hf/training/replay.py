@@ -58,8 +58,11 @@ def target_context(target, input_ids: torch.Tensor, layer_ids: list[int]) -> tor
 
 @torch.no_grad()
 def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, context: torch.Tensor,
-                       first_anchor: int, max_anchors_per_pass: int = 256, steps: int = 1) -> torch.Tensor:
-    """Greedy drafts `[n, B-1]` (token ids) at anchors `first_anchor .. T-1` of ONE sequence `input_ids [T]`.
+                       first_anchor: int, max_anchors_per_pass: int = 256, steps: int = 1,
+                       candidates: int = 1) -> torch.Tensor:
+    """Greedy drafts `[n, B-1]` (token ids) at anchors `first_anchor .. T-1` of ONE sequence `input_ids [T]`;
+    with `candidates = k > 1`, `[n, k, B-1]`: the block and `k - 1` candidates with the drafter's next most likely
+    first tokens (`generation/candidates.py`, multi-candidate verification).
 
     Args:
         drafter: an `AdaFlashDrafterModel` (its draft vocabulary is used, as in serving).
@@ -71,7 +74,10 @@ def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, 
         steps: denoising steps per block (multi-step drafting): step 1 drafts from all masks; step `s > 1` feeds the
             first `s - 1` drafted tokens back into the block (in place of masks) and re-predicts the rest. One
             drafter forward per step.
+        candidates: candidate blocks per anchor (first-token alternatives of the first step's logits).
     """
+    from ..generation.candidates import first_token_alternatives
+
     device = next(drafter.parameters()).device
     ids, context = input_ids.to(device)[None], context.to(device)[None]
     drafts = []
@@ -84,36 +90,51 @@ def draft_every_anchor(drafter, embed_tokens, lm_head, input_ids: torch.Tensor, 
             logits, vocab_ids = drafter.draft_logits(states, lm_head)
             new = logits.argmax(dim=-1)
             new = vocab_ids.to(new.device)[new] if vocab_ids is not None else new
+            if step == 0 and candidates > 1:
+                alternatives = first_token_alternatives(logits[0, :, 0], vocab_ids, new[0, :, 0], candidates)
             tokens = new if tokens is None else torch.cat([tokens[..., :step], new[..., step:]], dim=-1)
-        drafts.append(tokens[0])
-    return torch.cat(drafts).cpu() if drafts else torch.zeros(0, drafter.config.block_size - 1, dtype=torch.long)
+        if candidates > 1:
+            tree = tokens[0][:, None, :].repeat(1, candidates, 1)
+            tree[:, 1:, 0] = alternatives
+            drafts.append(tree)
+        else:
+            drafts.append(tokens[0])
+    if not drafts:
+        shape = (0, candidates, drafter.config.block_size - 1) if candidates > 1 else (0, drafter.config.block_size - 1)
+        return torch.zeros(shape, dtype=torch.long)
+    return torch.cat(drafts).cpu()
 
 
 def walk_rounds(drafts: torch.Tensor, input_ids: torch.Tensor, first_anchor: int, max_length: int | None = None,
-                ) -> ReplayResult:
+                width: int | None = None) -> ReplayResult:
     """Walk a greedy response round by round, as drafter-only greedy serving moves (see the module docstring).
 
     Args:
-        drafts: `[T - first_anchor, B-1]` drafted tokens at each anchor (`draft_every_anchor`).
+        drafts: `[T - first_anchor, B-1]` drafted tokens at each anchor (`draft_every_anchor`), or `[T -
+            first_anchor, k, B-1]` candidate blocks (a round keeps the candidate with the longest accepted prefix,
+            as tree verification does).
         input_ids: `[T]` prompt + the target's greedy response (the whole output of the served call).
         first_anchor: the prompt length.
         max_length: the call's `max_length` (prompt + max_new_tokens); bounds each round's draft as the generator
             does. Default: the sequence length.
+        width: the most drafted tokens a round verifies (default: the whole block).
     """
     seq = input_ids.tolist()
     total = len(seq)
     max_length = total if max_length is None else max_length
+    trees = drafts if drafts.dim() == 3 else drafts[:, None, :]
     result = ReplayResult()
     anchor = first_anchor
     while anchor < total - 1:  # tokens after the anchor remain to be committed
         cur_len = anchor + 1
-        budget = min(drafts.shape[1], max_length - cur_len - 1)
+        budget = min(trees.shape[2] if width is None else min(width, trees.shape[2]), max_length - cur_len - 1)
         remaining = total - cur_len  # the last of them is always the target's own token
         matched = 0
-        if budget > 0:
-            row = drafts[anchor - first_anchor].tolist()
-            while matched < min(budget, remaining - 1) and row[matched] == seq[cur_len + matched]:
-                matched += 1
+        for row in (trees[anchor - first_anchor].tolist() if budget > 0 else []):
+            n = 0
+            while n < min(budget, remaining - 1) and row[n] == seq[cur_len + n]:
+                n += 1
+            matched = max(matched, n)
         result.accepted.append(matched)
         result.drafted.append(max(budget, 0))
         anchor += matched + 1

@@ -177,11 +177,16 @@ class AdaFlashGenerationConfig(GenerationConfig):
             the traffic; `"transient"`: every call starts from the same policy state (the call decodes with a copy
             of the runtime's policy, which it leaves untouched), so the same seed gives the same text, like
             transformers' `num_assistant_tokens_schedule="heuristic_transient"`.
+        draft_candidates (`int`): the batched engine's most candidate blocks per row and round: the drafter's top
+            first tokens, each with the drafted rest, verified together as a token tree in one forward
+            (`generation/candidates.py`). How many a round uses is the device's cost model's call: only those that
+            fit in a verify costing what one block's does (on a launch-bound accelerator, several; on a CPU, one).
+            Greedy decoding with sequence-free processors only; `1`: one block per row.
     """
 
     def __init__(self, length_policy: str = "auto", hybrid_lookup: bool = True, allow_no_draft: bool = True,
                  policy_decay: float = 0.3, policy_explore_every: int = 16, policy_schedule: str = "persistent",
-                 **kwargs):
+                 draft_candidates: int = 8, **kwargs):
         kwargs.setdefault("prompt_lookup_num_tokens", 10)
         kwargs.setdefault("max_matching_ngram_size", 2)
         kwargs.setdefault("assistant_confidence_threshold", 0.4)
@@ -191,6 +196,7 @@ class AdaFlashGenerationConfig(GenerationConfig):
         self.policy_decay = float(policy_decay)
         self.policy_explore_every = int(policy_explore_every)
         self.policy_schedule = policy_schedule
+        self.draft_candidates = int(draft_candidates)
         if policy_schedule not in ("persistent", "transient"):
             raise ValueError(f"policy_schedule must be 'persistent' or 'transient', got {policy_schedule!r}")
         super().__init__(**kwargs)
@@ -208,6 +214,8 @@ class AdaFlashGenerationConfig(GenerationConfig):
             errors.append(f"policy_explore_every must be >= 1, got {self.policy_explore_every}")
         if not (self.prompt_lookup_num_tokens or 0) >= 1 or not (self.max_matching_ngram_size or 0) >= 1:
             errors.append("prompt_lookup_num_tokens and max_matching_ngram_size must be >= 1")
+        if self.draft_candidates < 1:
+            errors.append(f"draft_candidates must be >= 1, got {self.draft_candidates}")
         if errors:
             raise ValueError("Invalid AdaFlashGenerationConfig: " + "; ".join(errors) + ".")
 

@@ -74,7 +74,7 @@ def test_serving_bench_schema_latencies_and_losslessness(tmp_path, capsys):
     head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=64, block_size=4, head_dim=8)).eval()
     SpeculationRuntime(length_head=head, cost_model=COST).attach(drafter)
     result = run_serving(target, CharTokenizer(), drafter, RECORDS, levels=(1, 3), max_new_tokens=6, requests=4,
-                         raw=True, progress=False)
+                         raw=True, progress=False, methods=METHODS)  # every method, the hybrid_trees ablation too
     assert result["methods"] == list(METHODS) and set(result["concurrency"]) == {"1", "3"}
     for level in ("1", "3"):
         assert result["peer"][level] in ("transformers_cb", "plain_batched")

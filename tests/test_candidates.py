@@ -39,15 +39,13 @@ def test_first_token_hits_learn_what_each_rank_adds():
     assert hits.hits == pytest.approx([2 / 3, 1 / 6, 0.0])
 
 
-def _curve(*rates):
-    """`w -> expected accepted tokens of one block verified w deep` for per-position rates."""
-    def expected(w):
-        total, alive = 0.0, 1.0
-        for k in range(w):
-            alive *= rates[min(k, len(rates) - 1)]
-            total += alive
-        return total
-    return expected
+def _curve(*rates, width=7):
+    """`[expected accepted tokens of one block verified w deep for w in 0 .. width]` for per-position rates."""
+    totals, alive = [0.0], 1.0
+    for k in range(width):
+        alive *= rates[min(k, len(rates) - 1)]
+        totals.append(totals[-1] + alive)
+    return totals
 
 
 def test_tree_shape_trades_depth_for_candidates_where_width_is_free():

@@ -184,14 +184,16 @@ def test_candidate_trees_on_the_h200_costs_equal_plain(testbed, plain):
     """The batched engine deciding with the H200 reference's costs verifies several candidate blocks per row (the
     verify forward is flat in width there); every row still equals plain greedy `generate`."""
     from adaflash_hf.generation import SpeculationRuntime
-    from adaflash_hf.generation.batch import generate_batch
+    from adaflash_hf.generation.batch import generate_batch, run_knobs
     from adaflash_hf.generation.cost_model import shipped_cost_model
 
     target, tokenizer, drafter, prompts = testbed
     ids = [_inputs(tokenizer, r["prompt"])["input_ids"][0].tolist() for r in prompts]
     runtime = SpeculationRuntime(cost_model=shipped_cost_model("h200-smollm2-135m"))
+    knobs = run_knobs(drafter, draft_candidates=8)
     with torch.inference_mode():
-        out, stats = generate_batch(target, drafter, ids, SPEC_TOKENS, runtime=runtime, return_stats=True)
+        out, stats = generate_batch(target, drafter, ids, SPEC_TOKENS, generation_config=knobs, runtime=runtime,
+                                    return_stats=True)
     for r, record in enumerate(prompts):
         reference = plain(record["prompt"], SPEC_TOKENS)[0, len(ids[r]):].tolist()
         assert out[r] == reference, f"[{record['domain']}] {record['prompt'][:80]!r}"

@@ -13,10 +13,9 @@ most `c` running at once by every method:
 * `fixed_block`: our engine drafting and verifying the whole block every round;
 * `adaptive`: our engine with the length head + the device-calibrated cost model choosing the verify length, and
   plain rounds when speculation does not pay (only with a length head);
-* `hybrid`: our engine's defaults (per-row prompt lookup + drafter + head if any + plain-round fallback, and as
-  many candidate blocks per row as the device verifies for free: `generation/candidates.py`);
-* `hybrid_single`: `hybrid` verifying one drafted block per row (`draft_candidates=1`), to show what the
-  candidates buy.
+* `hybrid`: our engine's defaults (per-row prompt lookup + drafter + head if any + plain-round fallback);
+* `hybrid_trees`: `hybrid` with up to 8 candidate blocks per row where the device verifies them for free
+  (`draft_candidates=8`, `generation/candidates.py`), to show what the candidates buy.
 
 Reported per level and method: output tokens/s (all new tokens / the run's wall time), time to first token (TTFT)
 and inter-token latency (ITL: gaps between a request's successive token deliveries; the tokens of one speculative
@@ -52,9 +51,9 @@ from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
 
 PEERS = ("transformers_cb", "plain_batched")
-OURS = ("engine_plain", "fixed_block", "adaptive", "hybrid", "hybrid_single")
+OURS = ("engine_plain", "fixed_block", "adaptive", "hybrid", "hybrid_trees")
 METHODS = (*PEERS, *OURS)
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "hybrid_single")  # the ablation runs when asked for
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "hybrid_trees")  # the ablation runs when asked for
 
 
 @dataclass
@@ -145,8 +144,8 @@ def _engine_setup(drafter, method: str, head):
     if method == "adaptive":
         return drafter, run_knobs(drafter, length_policy="head", hybrid_lookup=False, allow_no_draft=True), \
             SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
-    single = {"draft_candidates": 1} if method == "hybrid_single" else {}
-    return drafter, run_knobs(drafter, **single), SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
+    trees = {"draft_candidates": 8} if method == "hybrid_trees" else {}
+    return drafter, run_knobs(drafter, **trees), SpeculationRuntime(length_head=head, cost_model=runtime.cost_model)
 
 
 def serve(method: str, target, drafter, prompts: list[list[int]], stream: list[tuple[int, float]],

@@ -333,8 +333,8 @@ class AdaFlashBatchGenerator:
         """`m -> (k, m')` for the proposer: the round's candidate tree (`candidates.tree_shape`), or None."""
         if run.candidates <= 1 or run.cost is None:
             return None
-        expected = lambda w: run.policy.expected_at("drafter", w)  # noqa: E731
-        return lambda m: tree_shape(run.cost, rows, m, run.candidates, run.first_hits, expected)
+        return lambda m: tree_shape(run.cost, rows, m, run.candidates, run.first_hits,
+                                    run.policy.expected_upto("drafter", m))
 
     def _choose_arm(self, run: BatchRun, rows: DraftRows, room: list[int]) -> tuple[str, Proposals | None]:
         """The round's arm (`"draft"`, `"lookup"` or `"plain"`) and each row's lookup continuation (None without

@@ -27,6 +27,9 @@ never extrapolated: a tree must fit within the widest measured verify. A shape o
 only where the device verifies a wider forward for at most `tolerance` more, so on this CPU, where width costs,
 a round verifies one block and nothing changes.
 
+Off by default (`draft_candidates=1`): on the projected H200 serving bench the tree rounds' host time still outweighs
+their 8% fewer rounds (docs/fast_where_users_run.md, section 10).
+
 Why by hand: transformers' assisted generation verifies one linear candidate sequence (its candidate-generator
 protocol has no tree), and its 4D-mask support is the only piece used (a prepared 4D mask passes through
 `create_causal_mask` unchanged). The engine's caches already mask any slot per row (`ragged_cache.py`), so the
@@ -49,20 +52,26 @@ def tree_allowed(do_sample: bool, needs_sequences: bool, attn_implementation: st
     return not do_sample and not needs_sequences and attn_implementation in ("sdpa", "eager", None)
 
 
-def free_candidates(cost, rows: int, width: int, most: int, tolerance: float = 0.05) -> int:
+def free_candidates(cost, rows: int, width: int, most: int, tolerance: float = 0.05, seconds=None) -> int:
     """How many candidate blocks of `width` drafted tokens a row verifies this round (>= 1).
 
     The largest `k <= most` with `cost.seconds(1 + k * width, rows) <= (1 + tolerance) * cost.seconds(1 + width,
     rows)` and `1 + k * width` no wider than the widest measured verify. `cost` None, `most <= 1` or `width == 0`:
-    one."""
+    one. `seconds`: `verify_seconds(cost, rows)`, when the caller has it."""
     if cost is None or most <= 1 or width <= 0:
         return 1
-    widest = max(cost.num_tokens())
-    limit = (1.0 + tolerance) * cost.seconds(1 + width, rows)
+    seconds = verify_seconds(cost, rows) if seconds is None else seconds
+    limit = (1.0 + tolerance) * seconds[1 + width] if 1 + width < len(seconds) else 0.0
     k = 1
-    while k < most and 1 + (k + 1) * width <= widest and cost.seconds(1 + (k + 1) * width, rows) <= limit:
+    while k < most and 1 + (k + 1) * width < len(seconds) and seconds[1 + (k + 1) * width] <= limit:
         k += 1
     return k
+
+
+def verify_seconds(cost, rows: int) -> list[float]:
+    """`[cost.seconds(w, rows) for w in 0 .. widest measured]` (entry 0 unused): the table a round's shape is
+    chosen from, interpolated once per round rather than once per shape."""
+    return [0.0] + [cost.seconds(w, rows) for w in range(1, max(cost.num_tokens()) + 1)]
 
 
 @dataclass
@@ -77,10 +86,12 @@ class FirstTokenHits:
     def record(self, firsts: torch.Tensor, target_first: torch.Tensor, rows: torch.Tensor) -> None:
         """One tree round: `firsts [b, k]` the candidates' first tokens, `target_first [b]` the target's token
         after each anchor, `rows [b]` bool: the rows that verified `k` candidates."""
-        if not bool(rows.any()):
+        rates = ((firsts == target_first[:, None]) & rows[:, None]).sum(dim=0).tolist()
+        count = int(rows.sum())
+        if count == 0:
             return
-        rates = (firsts[rows] == target_first[rows, None]).float().mean(dim=0).tolist()
-        for r, rate in enumerate(rates):
+        for r, hits in enumerate(rates):
+            rate = hits / count
             if r == len(self.hits):
                 self.hits.append(rate)
             else:
@@ -92,27 +103,31 @@ class FirstTokenHits:
         return sum(self.hits[:k]) / max(self.hits[0], 1e-3)
 
 
-def tree_shape(cost, rows: int, width: int, most: int, hits: FirstTokenHits | None, expected,
+def tree_shape(cost, rows: int, width: int, most: int, hits: FirstTokenHits | None, expected: list[float] | None,
                tolerance: float = 0.05) -> tuple[int, int]:
     """`(k, m)`: this round's candidates per row and drafted tokens per candidate (`m <= width`, the width the
     policy or length rule chose; module docstring).
 
-    expected: `w -> ` the expected accepted drafted tokens of one block verified `w` deep (the policy's curve), or
-    None when unknown. One block (`(1, width)`) where the device charges for width or nothing is known."""
-    free, explore = free_candidates(cost, rows, width, most, tolerance), free_candidates(cost, rows, 1, most, tolerance)
+    expected: `expected[w]` the expected accepted drafted tokens of one block verified `w` deep (the policy's
+    curve, `w = 0 .. width`), or None when unknown. One block (`(1, width)`) where the device charges for width."""
+    if cost is None or most <= 1 or width <= 0:
+        return 1, width
+    seconds = verify_seconds(cost, rows)
+    explore = free_candidates(cost, rows, 1, most, tolerance, seconds)
     if explore == 1:
         return 1, width  # no free width at all (a CPU): one block
-    if hits is None or expected is None or expected(1) is None:
-        return free, width
+    if hits is None or expected is None:
+        return free_candidates(cost, rows, width, most, tolerance, seconds), width
     if hits.gain(explore) is None:  # measure every rank once: all the candidates that fit, one token deep
         return explore, 1
-    widest, draft = max(cost.num_tokens()), cost.draft_seconds(rows)
-    best, shape = (1.0 + expected(width)) / (cost.seconds(1 + width, rows) + draft), (1, width)
+    draft = cost.draft_seconds(rows)
+    gains = [hits.gain(k) for k in range(1, min(most, len(hits.hits)) + 1)]
+    best, shape = (1.0 + expected[width]) / (seconds[1 + width] + draft), (1, width)
     for m in range(1, width + 1):
-        for k in range(2, min(most, len(hits.hits)) + 1):
-            if 1 + k * m > widest:
+        for k in range(2, len(gains) + 1):
+            if 1 + k * m >= len(seconds):
                 break
-            score = (1.0 + hits.gain(k) * expected(m)) / (cost.seconds(1 + k * m, rows) + draft)
+            score = (1.0 + gains[k - 1] * expected[m]) / (seconds[1 + k * m] + draft)
             if score > best:
                 best, shape = score, (k, m)
     return shape
@@ -251,4 +266,4 @@ class TreeVerdict:
 
 
 __all__ = ["CandidateTree", "FirstTokenHits", "TreeVerdict", "first_token_alternatives", "free_candidates",
-           "tree_allowed", "tree_shape"]
+           "tree_allowed", "tree_shape", "verify_seconds"]

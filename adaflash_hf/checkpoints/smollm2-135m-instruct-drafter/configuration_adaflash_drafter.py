@@ -179,14 +179,16 @@ class AdaFlashGenerationConfig(GenerationConfig):
             transformers' `num_assistant_tokens_schedule="heuristic_transient"`.
         draft_candidates (`int`): the batched engine's most candidate blocks per row and round: the drafter's top
             first tokens, each with the drafted rest, verified together as a token tree in one forward
-            (`generation/candidates.py`). How many a round uses is the device's cost model's call: only those that
-            fit in a verify costing what one block's does (on a launch-bound accelerator, several; on a CPU, one).
-            Greedy decoding with sequence-free processors only; `1`: one block per row.
+            (`generation/candidates.py`). How many a round uses, and how deep, is the device's cost model's call:
+            only shapes that fit in a verify costing what one block's does (on a launch-bound accelerator, several;
+            on a CPU, one). Greedy decoding with sequence-free processors only. Default `1` (one block per row):
+            +14% tau replayed at the H200's flat width, but the projected H200 serving bench did not win with it yet
+            (docs/fast_where_users_run.md, section 10).
     """
 
     def __init__(self, length_policy: str = "auto", hybrid_lookup: bool = True, allow_no_draft: bool = True,
                  policy_decay: float = 0.3, policy_explore_every: int = 16, policy_schedule: str = "persistent",
-                 draft_candidates: int = 8, **kwargs):
+                 draft_candidates: int = 1, **kwargs):
         kwargs.setdefault("prompt_lookup_num_tokens", 10)
         kwargs.setdefault("max_matching_ngram_size", 2)
         kwargs.setdefault("assistant_confidence_threshold", 0.4)

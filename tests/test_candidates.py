@@ -81,7 +81,7 @@ def test_tree_layout_mask_and_validity():
     assert tree.width == 7 and tree.depth().tolist() == [0, 1, 2, 3, 1, 2, 3]
     assert tree.input_ids(torch.tensor([4, 3]))[0].tolist() == [4, 5, 6, 7, 8, 6, 7]
     # Row 1 verifies a lookup continuation: one candidate of 2 tokens.
-    assert tree.valid().tolist() == [[True] * 7, [True, True, True, False, False, False, False]]
+    assert tree.valid.tolist() == [[True] * 7, [True, True, True, False, False, False, False]]
     past = torch.tensor([[True, False], [True, True]])
     mask = tree.attention_mask(past, torch.float32)
     assert mask.shape == (2, 1, 7, 9)

@@ -42,16 +42,23 @@ def test_walk_keeps_the_best_candidate_and_honours_the_width():
     assert cut.accepted == [2, 0, 1] and set(cut.drafted) == {2}
 
 
-def test_candidate_drafts_share_the_block_after_the_first_token():
+def _tiny_drafter_and_context(length: int):
+    """`(target, drafter, ids [length], context [length, L*H])`: a tiny target, a random block-4 drafter and the
+    target's hidden states at the drafter's layers over random ids."""
     from adaflash_hf import AdaFlashDrafterModel
 
     target = make_tiny_target()
     torch.manual_seed(0)
     drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
-    ids = torch.randint(0, target.config.vocab_size, (12,))
+    ids = torch.randint(0, target.config.vocab_size, (length,))
     with torch.no_grad():
         out = target(input_ids=ids[None], output_hidden_states=True)
     context = torch.cat([out.hidden_states[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    return target, drafter, ids, context
+
+
+def test_candidate_drafts_share_the_block_after_the_first_token():
+    target, drafter, ids, context = _tiny_drafter_and_context(12)
     embed, head = target.get_input_embeddings(), target.lm_head
     one = draft_every_anchor(drafter, embed, head, ids, context, 5)
     trees = draft_every_anchor(drafter, embed, head, ids, context, 5, candidates=3)
@@ -131,15 +138,7 @@ def test_replayed_tau_equals_served_tau_on_the_real_model(real_target):
 
 def test_multi_step_drafting_feeds_the_first_drafts_back():
     """steps=2: position 1 keeps step 1's draft; the rest is re-predicted from a block that shows it."""
-    from adaflash_hf import AdaFlashDrafterModel
-
-    target = make_tiny_target()
-    torch.manual_seed(0)
-    drafter = AdaFlashDrafterModel.from_target(target, num_layers=1, block_size=4).eval()
-    ids = torch.randint(0, target.config.vocab_size, (16,))
-    with torch.no_grad():
-        out = target(input_ids=ids[None], output_hidden_states=True)
-    context = torch.cat([out.hidden_states[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    target, drafter, ids, context = _tiny_drafter_and_context(16)
     embed, head = target.get_input_embeddings(), target.lm_head
     one = draft_every_anchor(drafter, embed, head, ids, context, 6)
     two = draft_every_anchor(drafter, embed, head, ids, context, 6, steps=2)

@@ -12,7 +12,7 @@ They share the anchor and are verified together as a token tree: SpecInfer's / M
 here branching once, at the first drafted token. Each candidate token sees the cache, the anchor and its own
 candidate's earlier tokens, at the RoPE position of its depth. Greedy acceptance keeps the candidate with the
 longest accepted prefix (ties: the drafter's own block), and the round then goes on as if that candidate had been
-the only proposal (`TreeVerdict.linear`). Replayed on the 48 eval prompts with the shipped drafter, tau was 1.94
+the only proposal (`TreeVerdict.along_path`). Replayed on the 48 eval prompts with the shipped drafter, tau was 1.94
 with one candidate, then 2.13 (k=2), 2.21 (3), 2.27 (4) and 2.38 (8).
 
 The tree's shape (`tree_shape`): `k` candidates of `m` tokens, `1 + k * m` tokens per row. Replayed at a fixed
@@ -42,6 +42,7 @@ that read the sequence would need one sequence per tree slot. With either, a rou
 """
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -192,8 +193,10 @@ class CandidateTree:
         t = torch.arange(m, device=self.drafts.device).repeat(k)
         return torch.cat([t.new_zeros(1), t + 1])
 
+    @cached_property
     def valid(self) -> torch.Tensor:
-        """`[b, 1 + k * m]`: the anchor and each live candidate's first `lengths` tokens."""
+        """`[b, 1 + k * m]`: the anchor and each live candidate's first `lengths` tokens (the mask and the
+        acceptance of a round both read it: computed once)."""
         _, k, m = self.shape
         dev = self.drafts.device
         live = (torch.arange(k, device=dev)[None, :, None] < self.branches[:, None, None]) & (
@@ -212,7 +215,7 @@ class CandidateTree:
         branch = torch.cat([torch.full((1,), -1, device=dev), torch.arange(k, device=dev).repeat_interleave(m)])
         depth = self.depth()
         tree = (branch[None, :] == -1) | ((branch[:, None] == branch[None, :]) & (depth[None, :] <= depth[:, None]))
-        keys = torch.cat([past.to(dev).bool(), self.valid()], dim=1)  # [b, S + q]
+        keys = torch.cat([past.to(dev).bool(), self.valid], dim=1)  # [b, S + q]
         see = torch.cat([past.new_ones(self.width, past.shape[1], dtype=torch.bool).to(dev), tree], dim=1)
         allowed = see[None, :, :] & keys[:, None, :]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
@@ -225,7 +228,7 @@ class CandidateTree:
         dev = target_tokens.device
         parents = torch.cat([target_tokens[:, None, :1].expand(b, k, 1),
                              target_tokens[:, 1:].view(b, k, m)[:, :, : m - 1]], dim=2)  # [b, k, m]
-        live = self.valid()[:, 1:].view(b, k, m)
+        live = self.valid[:, 1:].view(b, k, m)
         match = (self.drafts.to(dev) == parents) & live
         per_candidate = match.long().cumprod(dim=2).sum(dim=2)  # [b, k]
         chosen = per_candidate.argmax(dim=1)  # the first of the longest: candidate 0 on a tie

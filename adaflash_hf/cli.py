@@ -111,6 +111,7 @@ def run_bench(args) -> dict:
     import torch
 
     from .bench.models import apply_cost_model, attach_length_head, bench_records, load_models
+    from .generation.attention import masked_gqa
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     unknown = set(methods) - set(_methods(all_methods=True))
@@ -131,7 +132,7 @@ def run_bench(args) -> dict:
               "prompts": str(args.prompts or "default_eval_prompts"), "max_new_tokens": args.max_new_tokens,
               "dtype": args.dtype, "device": str(target.device), "threads": torch.get_num_threads(),
               "raw": args.raw, "n_prompts": len(records), "repeats": args.repeats,
-              "cost_model": str(args.cost_model) if args.cost_model else None}
+              "cost_model": str(args.cost_model) if args.cost_model else None, "masked_gqa": masked_gqa()}
     if args.concurrency:  # the request-stream serving bench (`adaflash-hf bench-serving` has all its options)
         from .bench.serving import run_serving
 

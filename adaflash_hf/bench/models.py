@@ -23,7 +23,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def load_models(target_path=None, drafter_path=None, dtype=torch.float32, device="auto"):
     """`(target, tokenizer, drafter)` on `device` in `dtype`: the offline testbed target and the shipped default
-    drafter unless paths are given. The pair is checked (one error listing every mismatch) before any compute."""
+    drafter unless paths are given. The pair is checked (one error listing every mismatch) before any compute. On a
+    CPU, masked multi-token forwards use SDPA's own GQA for the whole process (`generation/attention.py`)."""
     import adaflash_hf  # noqa: F401  (registers the drafter, installs the generate() hook)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -31,6 +32,10 @@ def load_models(target_path=None, drafter_path=None, dtype=torch.float32, device
     from ..models import AdaFlashDrafterModel
 
     device = resolve_device(device) if isinstance(device, str) else device
+    # every model of the process (peers' plain `generate` too) takes SDPA's own GQA under a mask on a CPU
+    from ..generation.attention import prefer_masked_gqa
+
+    prefer_masked_gqa(device)
     drafter_path = drafter_path or default_drafter_dir()
     if drafter_path is None:
         raise SystemExit("No drafter given and no default drafter shipped: pass --drafter PATH.")

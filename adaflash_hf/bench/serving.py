@@ -44,6 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.batch import generate_batch, run_knobs
+from ..generation.attention import masked_gqa
 from ..generation.cost_model import cost_model_for, synchronize
 from ..generation.runtime import SpeculationRuntime, runtime_of
 from ..testbed.prompts import encode_prompt
@@ -384,7 +385,7 @@ def main(args) -> dict:
     result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                         "drafter": str(args.drafter or "default"), "length_head": str(head) if head else None,
                         "prompts": str(args.prompts or "default_eval_prompts"), "n_prompts": len(records),
-                        "cost_model": str(args.cost_model) if args.cost_model else None}
+                        "cost_model": str(args.cost_model) if args.cost_model else None, "masked_gqa": masked_gqa()}
     print_serving(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

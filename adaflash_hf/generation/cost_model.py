@@ -55,6 +55,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..utils.cache import cache_dir, file_lock
+from .attention import masked_gqa
 
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ MONOTONE_SLACK, MONOTONE_ABS_S = 0.8, 2e-3
 # left out: on a CPU 64 rows x 2 tokens really cost ~2x per row what 16 x 2 do (measured quiet, twice).
 PER_ROW_SLACK = 1.5
 CALIBRATION_ATTEMPTS = 3
+MASKED_SLOTS = 3  # invalid cache slots in a calibration forward's attention mask (the engine's forwards have some)
 
 
 def synchronize(device) -> None:
@@ -136,6 +138,7 @@ class TargetCostModel:
     assumptions: str = ""
     measurements: int = 0
     implicit: bool = field(default=False, compare=False)  # arrived beside a checkpoint, not passed by the user
+    _rounds: dict = field(default_factory=dict, compare=False, repr=False)  # round_seconds memo (the policy's loop)
 
     def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
         """Latency of verifying `num_tokens` per row for `batch_size` rows (interpolated)."""
@@ -149,8 +152,13 @@ class TargetCostModel:
         return _interp(self.draft, batch_size) if self.draft else 0.0
 
     def round_seconds(self, drafted: int, batch_size: int = 1, drafts: bool = True) -> float:
-        """A round that verifies `drafted` tokens per row (plus the row's own token), with or without drafting."""
-        return self.seconds(drafted + 1, batch_size) + (self.draft_seconds(batch_size) if drafts else 0.0)
+        """A round that verifies `drafted` tokens per row (plus the row's own token), with or without drafting.
+        Memoised (the policy asks for the same few shapes every round); `extend` clears the memo."""
+        key = (drafted, batch_size, drafts)
+        if key not in self._rounds:
+            self._rounds[key] = self.seconds(drafted + 1, batch_size) + (
+                self.draft_seconds(batch_size) if drafts else 0.0)
+        return self._rounds[key]
 
     def batch_sizes(self) -> list[int]:
         return sorted(self.points)
@@ -220,7 +228,7 @@ class TargetCostModel:
         points = {b: {n: min(t, other.points.get(b, {}).get(n, t)) for n, t in row.items()}
                   for b, row in self.points.items()}
         draft = {b: min(t, other.draft.get(b, t)) for b, t in self.draft.items()}
-        return dataclasses.replace(self, points=points, draft=draft, measurements=self.measurements + 1)
+        return dataclasses.replace(self, points=points, draft=draft, measurements=self.measurements + 1, _rounds={})
 
     # ------------------------------------------------------------------------------------------------ measuring
     @classmethod
@@ -300,9 +308,14 @@ class TargetCostModel:
             for n in num_tokens:
                 bar.set_postfix(rows=b, tokens=n)
                 new = torch.randint(0, vocab, (b, n), generator=rng).to(device)
+                # masked as the engine's forwards are (left padding, rejected slots): transformers' SDPA path under a
+                # mask differs from the unmasked one (`attention.py`), and a one-token forward without it was timed
+                # on the cheaper path than the engine's plain rounds run
+                mask = torch.ones(b, context_length + n, dtype=torch.long, device=device)
+                mask[:, :MASKED_SLOTS] = 0
 
                 def verify():
-                    target(input_ids=new, cache=cache, use_cache=True, logits_to_keep=n)
+                    target(input_ids=new, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=n)
                     cache.crop(-n)
 
                 points[b][n] = timed(verify)
@@ -330,6 +343,7 @@ class TargetCostModel:
                                         **kwargs)
             self.points.update(more.points)
             self.draft.update(more.draft)
+            self._rounds.clear()
         return self
 
     # ------------------------------------------------------------------------------------------------ storing
@@ -402,18 +416,21 @@ def calibration_tokens(drafter=None) -> tuple[int, ...]:
     """The verify widths calibration measures: 1, 2 and the widest a round verifies (the drafter's block: its
     drafted tokens + the row's own; 16 without a drafter).
 
-    2 is the narrowest speculative verify, and on a CPU the step from one token per row to two is the dearest one
-    (matrix-vector to matrix-matrix kernels): 16 rows measured 107, 212, 241 and 397 ms for 1, 2, 3 and 8 tokens,
-    where a line from 1 to 8 puts 2 and 3 tokens at 151 and 196 ms, so drafted rounds at many rows looked cheaper
-    than they were and the policy chose them where they lost."""
+    2 is the narrowest speculative verify, and on a CPU the step from one token per row to two is the dearest one:
+    16 rows measured 107, 212, 241 and 397 ms for 1, 2, 3 and 8 tokens, where a line from 1 to 8 puts 2 and 3
+    tokens at 151 and 196 ms, so drafted rounds at many rows looked cheaper than they were and the policy chose them
+    where they lost. Most of that step was transformers copying the KV cache for a masked multi-token forward
+    (`attention.py`; 16 x 2: 297 -> 228 ms without the copy)."""
     widest = int(drafter.config.block_size) if drafter is not None else DEFAULT_NUM_TOKENS[-1]
     return tuple(sorted({1, min(2, widest), widest}))
 
 
 def cache_path(target, drafter=None) -> Path:
-    """Where `cost_model_for` caches the cost model of this target/drafter on the target's device and threads."""
+    """Where `cost_model_for` caches the cost model of this target/drafter on the target's device and threads, and
+    the attention path of masked forwards (`attention.masked_gqa`)."""
     name = device_name(target.device).replace(":", "-").replace(" ", "_").replace("/", "_")
-    return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}.json"
+    path = "-gqa" if masked_gqa() else ""  # masked forwards without the KV copy: other costs (`attention.py`)
+    return cache_dir() / "cost_models" / f"{cost_key(target, drafter)}-{name}-t{torch.get_num_threads()}{path}.json"
 
 
 def shipped_cost_model(name: str) -> TargetCostModel:

@@ -14,6 +14,7 @@ from adaflash_hf.generation.batch import (
 )
 from adaflash_hf.generation.cost_model import TargetCostModel, verify_lengths
 from adaflash_hf.generation.policy import ProposalPolicy
+from adaflash_hf.generation.prefill import CPU_OVERHEAD_TOKENS, prefill_groups
 from adaflash_hf.generation.proposers import BlockDraftProposer
 from adaflash_hf.generation.ragged_cache import RaggedCache
 from adaflash_hf.models.length_head import AdaFlashLengthHead, AdaFlashLengthHeadConfig
@@ -118,7 +119,9 @@ def test_oracle_greedy_rows_equal_bs1_generate(block_size):
         assert out[i] == _reference(target, prompt, max_new), f"row {i} differs from plain greedy"
     assert sum(map(sum, stats.accepted)) > stats.rounds  # the oracle's drafts were mostly accepted
     # One drafter forward per round, except rounds where no row may draft (one token left): the drafter is skipped.
-    assert stats.rounds - 1 <= stats.drafter_forwards <= stats.rounds and stats.prefill_forwards == 1
+    assert stats.rounds - 1 <= stats.drafter_forwards <= stats.rounds
+    # no cost model (every round drafts): a CPU prefills in length groups (`prefill.py`)
+    assert stats.prefill_forwards == len(prefill_groups([len(p) for p in prompts], CPU_OVERHEAD_TOKENS))
     assert all(len(c) - 1 == len(v) for c, v in zip(stats.committed, stats.verified))
     assert [sum(c) for c in stats.committed] == [len(o) for o in out]
 
@@ -309,7 +312,8 @@ def test_perfect_drafter_keeps_speculating():
 class _ScriptedPolicy(ProposalPolicy):
     """Drafts every third round and decodes plainly otherwise."""
 
-    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None, draft_cut=True):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None, draft_cut=True,
+               remaining=None):
         self.round += 1
         return "draft" if self.round % 3 == 1 else "plain"
 

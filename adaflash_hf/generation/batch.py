@@ -26,7 +26,10 @@ A round, for all active rows at once, in named steps (`_round`); proposing is th
 5. `_advance`: caches, positions and the drafter's pending context move on; the policy, the length rule and an
    OnlineSpec adapter (the runtime's) learn from the round; committed tokens are cut after an EOS.
 6. Finished rows (EOS or `max_new_tokens`) leave the batch (`_retire`); with `continuous=True` waiting prompts take
-   the free slots: they are prefilled together in a separate target forward and merged into the batch.
+   the free slots: they are prefilled in separate target forwards and merged into the batch.
+
+Prompts that join together are prefilled in length groups (`prefill.py`): one forward per group where forwards cost
+by their tokens (a CPU), one padded forward where they are flat (an accelerator; the device's cost model decides).
 
 Serving simulation is not the engine's: a request stream's driver (`Admission`, e.g. the serving bench's arrival
 schedule) says when a waiting prompt may join and hears of committed tokens. The engine never sleeps, and reads the
@@ -58,6 +61,7 @@ from .dispatch import check_pair
 from .drafting import LengthChooser
 from .lookup import BatchLookup
 from .policy import LEARNING_EXPLORE
+from .prefill import forward_overhead_tokens, prefill_groups
 from .ragged_cache import RaggedCache
 from .batch_state import BatchState
 from .candidates import CandidateTree, FirstTokenHits, TreeVerdict, tree_allowed, tree_shape
@@ -230,7 +234,7 @@ class AdaFlashBatchGenerator:
                 size = 0 if batch is None else batch.size
                 take = self._admit(run, waiting, cap - size if size == 0 or continuous else 0, idle=size == 0)
                 if take:
-                    new = self._prefill(run, take)
+                    new = self._prefill_grouped(run, take)
                     run.stats.prefill_joins += int(size > 0 and new.size > 0)
                     batch = new if batch is None else batch.merge(new)
                 if batch is None or batch.size == 0:  # nothing to decode (yet)
@@ -251,6 +255,16 @@ class AdaFlashBatchGenerator:
                 run.admission is None or run.admission.ready(waiting[0], idle=idle and not take)):
             take.append(waiting.popleft())
         return take
+
+    def _prefill_grouped(self, run: BatchRun, take: list[int]) -> BatchState:
+        """Prefill `take` in length groups (`prefill.py`: one forward per group, less padding where forwards cost by
+        their tokens), merged into one batch of the live rows."""
+        overhead = forward_overhead_tokens(run.cost, self.device)
+        batch = None
+        for group in prefill_groups([len(run.prompts[i]) for i in take], overhead):
+            new = self._prefill(run, [take[g] for g in group])
+            batch = new if batch is None else batch.merge(new)
+        return batch
 
     def _prefill(self, run: BatchRun, prompt_idx: list[int]) -> BatchState:
         """One target forward over the left-padded prompts; commits each row's first token. Returns live rows."""

@@ -149,7 +149,8 @@ def test_lookup_is_cut_to_the_verify_width_of_speculative_rounds():
 class _LookupFirstPolicy(ProposalPolicy):
     """Alternates lookup rounds (when some row has a match) and speculative rounds."""
 
-    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None, draft_cut=True):
+    def choose(self, rows, lookup_lens, budgets, cost, allow_no_draft=True, explore_every=None, draft_cut=True,
+               remaining=None):
         self.round += 1
         return "lookup" if max(lookup_lens) > 0 and self.round % 2 else "draft"
 

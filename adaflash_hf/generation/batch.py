@@ -102,6 +102,7 @@ class BatchRun:
     looking_up: LookupProposer | None = None
     candidates: int = 1  # the most candidate blocks a row verifies per round (`candidates.py`); 1: linear rounds
     first_hits: FirstTokenHits = field(default_factory=FirstTokenHits)  # what more candidates buy (`tree_shape`)
+    queued: int = 0  # prompts still waiting to join; 0: the batch drains (the policy's drain objective)
     outputs: list[list[int]] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
     admission: Admission | None = None  # a request stream's driver (`generate(admission=...)`), or None
@@ -233,6 +234,7 @@ class AdaFlashBatchGenerator:
             while waiting or (batch is not None and batch.size):
                 size = 0 if batch is None else batch.size
                 take = self._admit(run, waiting, cap - size if size == 0 or continuous else 0, idle=size == 0)
+                run.queued = len(waiting)
                 if take:
                     new = self._prefill_grouped(run, take)
                     run.stats.prefill_joins += int(size > 0 and new.size > 0)
@@ -359,10 +361,12 @@ class AdaFlashBatchGenerator:
         if run.looking_up is not None:
             lookup = run.looking_up.propose(DraftRows(rows.state, room, rows.keys, rows.sequences))
         lookup_lens = lookup.lengths_list() if lookup is not None else [0] * rows.size
+        # nothing waits for a slot: what counts is when the last row is done, not this round's tokens per second
+        remaining = run.remaining(rows.keys) if not run.queued else None
         arm = run.policy.choose(rows.keys, lookup_lens, rows.budgets, run.cost,
                                 allow_no_draft=self.knobs.allow_no_draft,
                                 explore_every=LEARNING_EXPLORE if self.online is not None else None,
-                                draft_cut=run.lengths.cut_by_policy)
+                                draft_cut=run.lengths.cut_by_policy, remaining=remaining)
         return arm, lookup
 
     def _verify(self, batch: BatchState, proposals: Proposals):

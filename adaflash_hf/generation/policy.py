@@ -99,6 +99,7 @@ class ProposalPolicy:
     widths: dict = field(default_factory=dict, compare=False)  # arm -> the best verify width of the last scoring
     explored: bool = field(default=False, compare=False)  # the last choice explored: verify one position deeper
     scored: bool = field(default=False, compare=False)  # the last choice was between arms (else: no cut)
+    remaining: list | None = field(default=None, compare=False)  # the last choice's drain objective (`_value`)
 
     @classmethod
     def from_generation_config(cls, config) -> "ProposalPolicy":
@@ -181,15 +182,28 @@ class ProposalPolicy:
 
     def _expected(self, row, source: str, cap: int) -> float:
         value = self.estimate(row, source)
+        if value is not None and self.remaining is not None:  # draining: shrunk towards the batch's (`_row_totals`)
+            value = (value + self.accepted[source]) / 2 if self.accepted[source] is not None else value
         return float(cap) if value is None else min(value, float(cap))
+
+    def _row_totals(self, source: str, cap: int, row) -> list[float] | None:
+        """`expected_upto(source, cap, row)`; while the batch drains, halfway to the batch's curve. The drain's value
+        turns on its slowest row, and the row that LOOKS slowest is the one whose moving averages (decay 0.3) were
+        unluckiest: on the H200 reference at 48 rows, its drafter estimate near 0 made every draft round look like
+        +15% cost for nothing, and lookup rounds took 58 rounds where drafted ones took 50."""
+        own = self.expected_upto(source, cap, row)
+        if own is None or self.remaining is None or not self.row_curves.get(row, {}).get(source):
+            return own
+        return [(a + b) / 2 for a, b in zip(own, self.expected_upto(source, cap))]
 
     # ------------------------------------------------------------------------------------------------ choices
     def choose(self, rows: list, lookup_lens: list[int], budgets: list[int], cost, allow_no_draft: bool = True,
-               explore_every: int | None = None, draft_cut: bool = True) -> str:
+               explore_every: int | None = None, draft_cut: bool = True, remaining: list[int] | None = None) -> str:
         """The arm of this round (see `_choose` for the arguments)."""
         if self.pending is not None and not self.frozen:  # the last draft round verified no drafted token
             pending, self.pending = self.pending, None
             self.record(pending, ["drafter"] * len(pending), [0] * len(pending), [0] * len(pending))
+        self.remaining = list(remaining) if remaining is not None and len(rows) > 1 else None
         arm = self._choose(rows, lookup_lens, budgets, cost, allow_no_draft, explore_every, draft_cut)
         if not self.frozen:
             self.pending = list(rows) if arm == "draft" else None
@@ -212,6 +226,9 @@ class ProposalPolicy:
                 head chooses each row's length: the draft arm is then scored by what the head's rounds achieved
                 (the accepted-token averages) at the width they verified (the max over rows, `self.width`), not
                 by the position curves at a width the engine would not use.
+            remaining (`choose` only): each row's most tokens still to commit, when no request waits for the rows'
+                slots (the batch drains): arms are then scored by the drain's predicted time (`_value`), not by
+                this round's tokens per second. None (requests wait, or one row): this round's tokens per second.
         """
         b = len(rows)
         options = []
@@ -265,8 +282,7 @@ class ProposalPolicy:
         retry that cannot pay even then is not made: it cost 5 plain rounds each time, ~25% of a 64-token run."""
         width = self._head_width(budgets) if arm == "draft" and not draft_cut else self._explore_width(arm)
         caps = [min(width, cap) for _, cap, _ in self._caps(arm, rows, lookup_lens, budgets)]
-        best_case = sum(1 + cap for cap in caps) / cost.round_seconds(max(caps, default=0), len(rows),
-                                                                     drafts=arm == "draft")
+        best_case = self._value([1.0 + cap for cap in caps], max(caps, default=0), cost, drafts=arm == "draft")
         return best_case > EXPLORE_FLOOR * best_score
 
     def _caps(self, arm, rows, lookup_lens, budgets) -> list:
@@ -279,7 +295,7 @@ class ProposalPolicy:
     def _score(self, arm, rows, lookup_lens, budgets, cost, b, draft_cut: bool = True) -> float:
         """Expected committed tokens per predicted second of the round at its best width (module docstring)."""
         if arm == "plain":
-            return b / cost.round_seconds(0, b, drafts=False)
+            return self._value([1.0] * b, 0, cost, drafts=False)
         caps = self._caps(arm, rows, lookup_lens, budgets)
         # A length head's rounds verify the widths it picks (per row; the forward runs at their max): the curves
         # extrapolated to a width it would not use overstate them (16 rows on a CPU drafted 5 rounds at a predicted
@@ -287,34 +303,47 @@ class ProposalPolicy:
         if (arm == "lookup" or draft_cut) and all(self.curves[source] for _, cap, source in caps if cap > 0):
             return self._score_widths(arm, caps, cost, b)
         if arm == "lookup":
-            tokens = sum(1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens))
-            return tokens / cost.round_seconds(max(lookup_lens), b, drafts=False)
+            gains = [1.0 + (self._expected(r, "lookup", n) if n > 0 else 0.0) for r, n in zip(rows, lookup_lens)]
+            return self._value(gains, max(lookup_lens), cost, drafts=False)
         width = self._head_width(budgets)
-        tokens = 0.0
+        gains = []
         for r, n, budget in zip(rows, lookup_lens, budgets):
             if self.row_source(r, n, budget) == "drafter":
-                tokens += 1.0 + self._expected(r, "drafter", budget)
+                gains.append(1.0 + self._expected(r, "drafter", budget))
                 continue
             # a lookup row of a head's round verifies at most the round's width (the head's longest length), and
             # before any lookup round its hindsight curve is the evidence: 64 rows drafted rounds the head cut to
             # nothing because 43 rows' never-verified continuations counted at their whole length
             seen = self.expected_at("lookup", min(n, width), r)
-            tokens += 1.0 + (self._expected(r, "lookup", min(n, width)) if seen is None else seen)
-        return tokens / cost.round_seconds(width, b, drafts=True)
+            gains.append(1.0 + (self._expected(r, "lookup", min(n, width)) if seen is None else seen))
+        return self._value(gains, width, cost, drafts=True)
 
     def _score_widths(self, arm: str, caps: list, cost, b: int) -> float:
         """The best over verify widths `w` of `sum_r (1 + E_source_r(min(w, cap_r))) / round_seconds(w)`; the width
         is kept for `cut(arm)`. `caps`: per row, `(its key, most tokens it can verify, its source)`."""
         best, best_w = 0.0, 1
         # each row's expected tokens at every width, one pass over its curve (64 rows x 7 widths a round)
-        totals = [self.expected_upto(source, cap, r) if cap > 0 else [0.0] for r, cap, source in caps]
+        totals = [self._row_totals(source, cap, r) if cap > 0 else [0.0] for r, cap, source in caps]
         for w in range(1, max((cap for _, cap, _ in caps), default=0) + 1):
-            tokens = sum(1.0 + row[min(w, len(row) - 1)] for row in totals)
-            score = tokens / cost.round_seconds(w, b, drafts=arm == "draft")
+            score = self._value([1.0 + row[min(w, len(row) - 1)] for row in totals], w, cost, drafts=arm == "draft")
             if score >= best:  # a tie (flat costs) goes to the wider width: its extra positions are free
                 best, best_w = score, w
         self.widths[arm] = best_w
         return best
+
+    def _value(self, gains: list[float], width: int, cost, drafts: bool) -> float:
+        """Expected committed tokens per predicted second of a round in which row `r` commits `gains[r]` tokens and
+        the forward verifies `width` tokens a row (with a drafting step when `drafts`).
+
+        While requests wait for slots (`self.remaining` is None), a row that finishes early is refilled: this round's
+        tokens over its seconds. When none waits (a wave's last rounds, or every request already in the batch), what
+        matters is when the LAST row is done: a round that speeds up some rows and not the slowest one adds its
+        extra cost to every round left (16 rows on a CPU: lookup rounds at 1.5x a plain round's cost took 62 rounds
+        instead of 63). The rows' remaining tokens over the drain's predicted time (`drain_seconds`) is then the
+        value, so that the choice minimises the time until every row has finished."""
+        if self.remaining is None:
+            return sum(gains) / cost.round_seconds(width, len(gains), drafts=drafts)
+        return sum(self.remaining) / drain_seconds(gains, self.remaining, width, cost, drafts)
 
     # ------------------------------------------------------------------------------------------------ feedback
     def record(self, rows: list, sources: list[str], accepted: list[int], verified: list[int] | None = None) -> None:
@@ -373,4 +402,18 @@ class ProposalPolicy:
             curve[k] += self.decay * (hit - curve[k])
 
 
-__all__ = ["ARMS", "LEARNING_EXPLORE", "SCHEDULES", "SOURCES", "ProposalPolicy"]
+def drain_seconds(gains: list[float], remaining: list[int], width: int, cost, drafts: bool) -> float:
+    """Predicted seconds until every row is done when each round commits `gains[r]` tokens of row `r` (of its
+    `remaining[r]`) and costs `cost.round_seconds(width, rows still running)`: a fluid model in which row `r` needs
+    `remaining[r] / gains[r]` rounds and the batch shrinks as rows finish (on a CPU later rounds get cheaper; on a
+    flat-cost accelerator this is `rounds of the slowest row x one round`)."""
+    rounds = sorted(n / max(g, 1e-9) for n, g in zip(remaining, gains))
+    seconds, done, b = 0.0, 0.0, len(rounds)
+    for k, n in enumerate(rounds):
+        if n > done:
+            seconds += (n - done) * cost.round_seconds(width, b - k, drafts=drafts)
+            done = n
+    return max(seconds, 1e-12)
+
+
+__all__ = ["ARMS", "LEARNING_EXPLORE", "SCHEDULES", "SOURCES", "ProposalPolicy", "drain_seconds"]

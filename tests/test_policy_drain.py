@@ -23,6 +23,15 @@ def test_drain_seconds_by_hand():
     assert drain_seconds([1.0, 1.0], [4, 10], 0, ROWS, drafts=False) == pytest.approx(4 * 2.0 + 6 * 1.0)
 
 
+def test_a_draining_round_is_valued_by_its_seconds_plus_the_plain_drain_it_leaves():
+    policy = ProposalPolicy()
+    policy.remaining = [10, 10]
+    # a round of 2 rows (2 s) leaves 8 and 9 tokens: 8 plain rounds of 2 rows + 1 of 1 row = 17 s; 20 tokens / 19 s
+    assert policy._value([2.0, 1.0], 0, ROWS, drafts=False) == pytest.approx(20 / 19)
+    policy.remaining = None  # requests wait: this round's 3 tokens / 2 s
+    assert policy._value([2.0, 1.0], 0, ROWS, drafts=False) == pytest.approx(3 / 2)
+
+
 def _lookup_policy() -> ProposalPolicy:
     """Rows 0 and 1 have lookup continuations that are always right; rows 2 and 3 never have one."""
     policy = ProposalPolicy(explore_every=1000)

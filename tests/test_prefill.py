@@ -98,3 +98,14 @@ def test_flat_costs_prefill_everything_in_one_forward():
     _, stats = generate_batch(target, drafter, _mixed_prompts(), 6, eos_token_id=[], return_stats=True,
                               runtime=SpeculationRuntime(cost_model=flat))
     assert stats.prefill_forwards == 1
+
+
+def test_a_plain_engine_given_the_devices_costs_prefills_as_they_say():
+    from adaflash_hf.generation.runtime import SpeculationRuntime
+
+    target = make_tiny_target(seed=3)
+    flat = device_cost({1: {1: 0.02, 8: 0.02}, 8: {1: 0.02, 8: 0.02}})
+    _, grouped = generate_batch(target, None, _mixed_prompts(), 4, eos_token_id=[], return_stats=True)
+    _, one = generate_batch(target, None, _mixed_prompts(), 4, eos_token_id=[], return_stats=True,
+                            runtime=SpeculationRuntime(cost_model=flat))
+    assert grouped.prefill_forwards == 2 and one.prefill_forwards == 1

@@ -137,8 +137,8 @@ def serving_metrics(served: list[Served], seconds: float) -> dict:
 def _engine_setup(drafter, method: str, head):
     """`(drafter or None, generation config, runtime)` of one of our methods."""
     runtime = runtime_of(drafter)
-    if method == "engine_plain":
-        return None, None, None
+    if method == "engine_plain":  # no drafter; the same device costs decide how prompts are prefilled
+        return None, None, SpeculationRuntime(cost_model=runtime.cost_model)
     if method == "fixed_block":
         return drafter, run_knobs(drafter, length_policy="full", hybrid_lookup=False, allow_no_draft=False), \
             SpeculationRuntime(cost_model=runtime.cost_model)

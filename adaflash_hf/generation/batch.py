@@ -206,7 +206,10 @@ class AdaFlashBatchGenerator:
 
     def _setup(self, run: BatchRun, cap: int) -> None:
         """Per-run helpers: lookup, the cost model for the batch sizes this run can have, the length rule."""
-        if self.drafter is None:
+        if self.drafter is None:  # plain rounds: a cost model given to the runtime still decides how to prefill
+            cost = self.runtime.cost_model if self.runtime is not None else None
+            if cost is not None and (not cost.implicit or cost.describes(self.device)):
+                run.cost = cost
             return
         knobs, runtime = self.knobs, self.runtime
         if knobs.hybrid_lookup:

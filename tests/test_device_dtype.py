@@ -93,7 +93,8 @@ def test_calibration_synchronizes_before_every_clock_read(monkeypatch):
     cost = TargetCostModel.calibrate(target, build_drafter(target), num_tokens=(1, 2), repeats=1,
                                      context_length=8, attempts=1)  # one measurement: a busy machine adds none
     clocks = [i for i, e in enumerate(events) if e == "clock"]
-    assert len(clocks) == 2 * 3 * 2  # (2 widths + 1 drafting step) x (1 warm-up + 1 timed) x (start, stop)
+    # (2 widths + 1 drafting step) x (1 warm-up + MIN_TIMED_RUNS timed) x (start, stop)
+    assert len(clocks) == 3 * (1 + cost_module.MIN_TIMED_RUNS) * 2
     assert all(events[i - 1] == "sync" for i in clocks)
     assert (cost.device, cost.dtype, cost.threads) == ("cpu", "float32", torch.get_num_threads())
     assert set(cost.points[1]) == {1, 2} and cost.draft[1] > 0 and cost.key

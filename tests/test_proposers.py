@@ -176,8 +176,7 @@ def test_both_engines_look_up_through_the_one_proposer(monkeypatch):
 
     def recording(self, rows):
         found = propose(self, rows)
-        length = int(self.lookup.lengths[rows.state.prompt_idx[0]])
-        calls[engine[0]].append((self.lookup.tokens[rows.state.prompt_idx[0], :length].clone(), rows.budgets[0],
+        calls[engine[0]].append((torch.tensor(self.lookup.text(rows.state.prompt_idx[0])), rows.budgets[0],
                                  found.drafts[0, : found.lengths_list()[0]].tolist()))
         return found
 
@@ -205,8 +204,7 @@ def test_lookup_hindsight_scores_rows_that_verified_nothing_against_their_commit
 
     lookup = Proposals("lookup", torch.tensor([[4, 5, 6], [4, 5, 6], [7, 8, 0], [1, 2, 3]]),
                        torch.tensor([3, 3, 2, 3]), ["lookup"] * 4)
-    committed = torch.tensor([[4, 9, 0], [4, 5, 6], [7, 8, 9], [1, 2, 3]])
-    matched, known, lengths = lookup_hindsight(lookup, committed, torch.tensor([3, 1, 3, 3]),
-                                               ["none", "none", "none", "drafter"])
+    committed = [[4, 9, 0], [4], [7, 8, 9], [1, 2, 3]]
+    matched, known, lengths = lookup_hindsight(lookup, committed, ["none", "none", "none", "drafter"])
     assert matched == [1, 1, 2, 3] and known == [3, 1, 3, 3] and lengths == [3, 3, 2, 0]
-    assert lookup_hindsight(None, committed, torch.tensor([1, 1, 1, 1]), ["none"] * 4) is None
+    assert lookup_hindsight(None, committed, ["none"] * 4) is None

@@ -303,8 +303,7 @@ class AdaFlashBatchGenerator:
         run.stats.prefill_forwards += 1
         run.timer.lap("prefill")
         if run.lookup is not None:
-            run.lookup.append(torch.tensor(prompt_idx, device=self.device), first[:, None],
-                              torch.ones(b, dtype=torch.long, device=self.device))
+            run.lookup.extend(prompt_idx, [[token] for token in first.tolist()])
         for r, token in enumerate(first.tolist()):
             self._commit(run, prompt_idx[r], [token])
         self._retire(run, batch, compact=False)
@@ -437,10 +436,11 @@ class AdaFlashBatchGenerator:
             if self.online is not None and not self.learn_rounds:
                 for r, (i, a) in enumerate(zip(batch.prompt_idx, accepted_l)):
                     run.sequence_context[i].append(context[r, : a + 1])
+        committed = [row[:a] + [token] for row, a, token in zip(proposals.drafts.tolist(), accepted_l,
+                                                                next_tok.tolist())]  # host lists: no kernels
         if run.lookup is not None:  # the rows' texts grow by their committed tokens
-            new = torch.cat([proposals.drafts, next_tok[:, None]], dim=1).scatter(1, accepted[:, None], next_tok[:, None])
-            run.lookup.append(batch.prompt_tensor, new, accepted + 1)
-            hindsight = lookup_hindsight(lookup, new, accepted + 1, proposals.sources)
+            run.lookup.extend(batch.prompt_idx, committed)
+            hindsight = lookup_hindsight(lookup, committed, proposals.sources)
             if hindsight is not None:
                 run.policy.record_hindsight(batch.prompt_idx, *hindsight)
         batch.next_pos = batch.next_pos + accepted + 1
@@ -449,13 +449,11 @@ class AdaFlashBatchGenerator:
         stats.rounds += 1
         stats.batch_sizes.append(batch.size)
         stats.verify_widths.append(verdict.width if verdict is not None else m + 1)
-        rows = zip(batch.prompt_idx, proposals.drafts.tolist(), accepted_l, next_tok.tolist(), lengths_l,
-                   proposals.sources)
-        for i, row_drafts, a, token, length, source in rows:
+        for i, tokens, a, length, source in zip(batch.prompt_idx, committed, accepted_l, lengths_l, proposals.sources):
             stats.verified[i].append(length)
             stats.accepted[i].append(a)
             stats.sources[i].append(source)
-            self._commit(run, i, row_drafts[:a] + [token])
+            self._commit(run, i, tokens)
             if run.done[i] and i in run.sequence_context:
                 self._learn_request(run, i)
 

@@ -260,8 +260,7 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if self._found is not None:  # as the batched engine: an unverified lookup continuation, in hindsight
             committed = input_ids[:, self._cur_len :]
             found = Proposals("lookup", self._found, torch.tensor([self._found.shape[1]]), ["lookup"])
-            hindsight = lookup_hindsight(found, committed, torch.tensor([committed.shape[1]], device=committed.device),
-                                         [source])
+            hindsight = lookup_hindsight(found, committed.tolist(), [source])
             self.policy.record_hindsight([0], *hindsight)
             self._found = None
         if source == "drafter":

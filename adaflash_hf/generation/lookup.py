@@ -5,12 +5,16 @@ Every round, each row looks its last tokens up in its own prompt + generated tex
 `PromptLookupCandidateGenerator` does at batch size 1: for n from `max_ngram` down to 1, the first (leftmost) earlier
 occurrence of the row's last n tokens that has a continuation gives up to `num_tokens` following tokens, cut before
 the first EOS (a row whose first match yields nothing after the cut proposes nothing). Written here because
-transformers' class takes one row and re-scans a Python-sliced sequence per call: `BatchLookup` does every row in a
-few tensor operations on the device, over a preallocated token buffer that the engine appends each round's committed
-tokens to. The bs=1 generator uses it for its one row, so both engines share one lookup (`LookupProposer`);
-`tests/test_batch_hybrid.py` and `tests/test_proposers.py` check it against transformers' matcher. Unlike that
-class it does not pre-screen continuations with the call's logits processors: a token they forbid is rejected by
-verification instead (never committed).
+transformers' class takes one row and re-scans the whole sequence on the device per call. `BatchLookup` keeps each
+row's text on the host with an index of the leftmost start of every n-gram (n <= `max_ngram`), extended by the tokens
+each round commits: a proposal is one dictionary lookup per n, a round's lookups for 64 rows a fraction of a
+millisecond, and no kernel. A first version matched every row in tensor ops on the device: ~75 small kernels and
+a host sync per n every round, which on the H200 reference cost a hybrid engine's PLAIN rounds ~3 ms each at 64
+rows (a sixth of the forward) and left it at 0.74x of the plain engine when the policy chose plain rounds. This is
+what vLLM's n-gram proposer does too (on the host, over token lists). The bs=1 generator uses it for its one row,
+so both engines share one lookup (`LookupProposer`); `tests/test_batch_hybrid.py` and `tests/test_proposers.py`
+check it against transformers' matcher. Unlike that class it does not pre-screen continuations with the call's
+logits processors: a token they forbid is rejected by verification instead (never committed).
 
 Which rows verify their lookup continuation, and whether a round drafts at all, is decided by the one
 `ProposalPolicy` (`generation/policy.py`) both engines share. Lookup proposals are deterministic: greedy rows keep
@@ -21,70 +25,76 @@ import torch
 
 
 class BatchLookup:
-    """n-gram prompt lookup for every row of a run, over a `[num_prompts, capacity]` token buffer.
+    """n-gram prompt lookup for every row of a run, over host token lists (module docstring).
 
     Args:
         prompts: every prompt of the run (token ids).
-        max_new_tokens: the run's limit (sizes the buffer).
+        max_new_tokens: the run's limit (kept for callers; the texts grow as needed).
         num_tokens: longest continuation proposed; max_ngram: longest n-gram matched.
         eos: the run's EOS ids (continuations are cut before the first one).
-        device: where the buffer and the matching live.
+        device: where proposals are returned.
     """
 
     def __init__(self, prompts: list[list[int]], max_new_tokens: int, num_tokens: int, max_ngram: int,
                  eos: set[int], device):
         self.num_tokens, self.max_ngram = int(num_tokens), int(max_ngram)
-        n, capacity = len(prompts), max(len(p) for p in prompts) + int(max_new_tokens) + 1
-        self.tokens = torch.full((n, capacity), -1, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            self.tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        self.tokens = self.tokens.to(device)
-        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
-        self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=device) if eos else None
+        self.max_new_tokens, self.device = int(max_new_tokens), device
+        self.texts = [[int(t) for t in p] for p in prompts]
+        self.eos = frozenset(int(t) for t in eos or ())
+        # per row, built on its first lookup: index[i][n - 1] maps an n-gram to its leftmost start in the text
+        self._index: list[list[dict] | None] = [None] * len(prompts)
+        self._indexed = [0] * len(prompts)  # how many of the row's tokens the index covers
+
+    def text(self, i: int) -> list[int]:
+        """Row `i`'s prompt + committed tokens (a copy)."""
+        return list(self.texts[i])
 
     def append(self, prompt_idx: torch.Tensor, new: torch.Tensor, counts: torch.Tensor) -> None:
         """Append each row's committed tokens: row r of `new [b, w]` holds `counts[r]` tokens for `prompt_idx[r]`."""
         if new.numel() == 0:
             return
-        j = torch.arange(new.shape[1], device=new.device)
-        keep = j[None, :] < counts[:, None]
-        rows = prompt_idx[:, None].expand_as(new)[keep]
-        cols = (self.lengths[prompt_idx][:, None] + j[None, :])[keep]
-        self.tokens[rows, cols] = new[keep]
-        self.lengths[prompt_idx] += counts
+        self.extend(prompt_idx.tolist(), [tokens[:count] for tokens, count in zip(new.tolist(), counts.tolist())])
+
+    def extend(self, prompt_idx: list[int], committed: list[list[int]]) -> None:
+        """Host form of `append`: row `prompt_idx[r]`'s text grows by `committed[r]`."""
+        for i, tokens in zip(prompt_idx, committed):
+            self.texts[i].extend(tokens)
+
+    def _indexed_row(self, i: int) -> list[dict]:
+        """Row `i`'s n-gram index, extended over the tokens appended since the last lookup."""
+        if self._index[i] is None:
+            self._index[i] = [{} for _ in range(self.max_ngram)]
+        index, text = self._index[i], self.texts[i]
+        for end in range(self._indexed[i], len(text)):  # every n-gram ending at `end`, first occurrence kept
+            for n in range(1, min(self.max_ngram, end + 1) + 1):
+                index[n - 1].setdefault(tuple(text[end - n + 1 : end + 1]), end - n + 1)
+        self._indexed[i] = len(text)
+        return index
+
+    def continuation(self, i: int, cap: int) -> list[int]:
+        """Row `i`'s lookup continuation, at most `cap` tokens (transformers' semantics, module docstring)."""
+        index, text = self._indexed_row(i), self.texts[i]
+        length = len(text)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):  # transformers tries n <= length - 1
+            start = index[n - 1].get(tuple(text[length - n :]))
+            if start is None or start + n >= length:  # the leftmost occurrence is the tail itself: no match
+                continue
+            found = []
+            for token in text[start + n : start + n + self.num_tokens]:
+                if token in self.eos:
+                    break
+                found.append(token)
+            return found[: max(cap, 0)]
+        return []
 
     def propose(self, prompt_idx: torch.Tensor, caps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(proposals [b, num_tokens], lengths [b])`: each row's continuation, at most `caps[r]` tokens (0: none;
-        positions past a row's length hold token 0).
-
-        Semantics of transformers' `PromptLookupCandidateGenerator.get_candidates` (module docstring).
-        """
-        seqs, lengths = self.tokens[prompt_idx], self.lengths[prompt_idx]  # [b, T], [b]
-        b, width = seqs.shape
-        k = self.num_tokens
-        device = seqs.device
-        decided = torch.zeros(b, dtype=torch.bool, device=device)
-        start = torch.zeros(b, dtype=torch.long, device=device)
-        for n in range(min(self.max_ngram, width - 1), 0, -1):
-            usable = (lengths - 1 >= n) & ~decided  # transformers tries n <= length - 1
-            if not usable.any():
-                continue
-            windows = seqs.unfold(1, n, 1)  # [b, T - n + 1, n]
-            tail = seqs.gather(1, (lengths[:, None] - n).clamp(min=0) + torch.arange(n, device=device))  # [b, n]
-            j = torch.arange(windows.shape[1], device=device)
-            match = (windows == tail[:, None, :]).all(-1) & (j[None, :] + n < lengths[:, None])
-            found = match.any(-1) & usable
-            first = match.float().argmax(-1)  # leftmost match
-            start = torch.where(found, first + n, start)
-            decided |= found
-        index = (start[:, None] + torch.arange(k, device=device)).clamp(max=width - 1)
-        proposal = seqs.gather(1, index)
-        valid = decided[:, None] & (start[:, None] + torch.arange(k, device=device) < lengths[:, None])
-        if self.eos is not None:  # cut before the first EOS
-            valid &= ~torch.isin(proposal, self.eos).long().cumsum(-1).bool()
-        length = valid.long().cumprod(-1).sum(-1).minimum(caps.to(device).clamp(min=0))
-        # Positions past a row's length are padding (token 0: embeddable, never verified).
-        return proposal.masked_fill(torch.arange(k, device=device)[None, :] >= length[:, None], 0), length
+        """`(proposals [b, num_tokens], lengths [b])` on `device`: each row's continuation, at most `caps[r]` tokens
+        (0: none; positions past a row's length hold token 0: embeddable, never verified)."""
+        found = [self.continuation(i, cap) for i, cap in zip(prompt_idx.tolist(), caps.tolist())]
+        padded = [tokens + [0] * (self.num_tokens - len(tokens)) for tokens in found]
+        proposals = torch.tensor(padded, dtype=torch.long).reshape(len(found), self.num_tokens)
+        lengths = torch.tensor([len(tokens) for tokens in found], dtype=torch.long)
+        return proposals.to(self.device), lengths.to(self.device)
 
 
 __all__ = ["BatchLookup"]

@@ -193,7 +193,8 @@ class BlockDraftProposer:
             states = states[:, 1 : 1 + max(rows.budgets)]  # [b, n, H] the drafted positions
             raw, vocab_ids = draft_logits(self.drafter, states, self.lm_head)  # [b, n, V or K]
         logits, states = raw.detach().to(device), states.detach()
-        fixed = self.cost.draft_seconds(rows.size) if self.cost is not None and self.lengths.uses_head else 0.0
+        fixed = self.cost.draft_seconds(rows.size) + self.cost.overhead_seconds("spec", rows.size) \
+            if self.cost is not None and self.lengths.uses_head else 0.0  # paid whatever length the head picks
         lengths, survival = self.lengths(states, logits, budgets, fixed)
         lengths = lengths.to(device)
         if self.return_logits:
@@ -245,7 +246,7 @@ def swap_in_lookup(draft: Proposals, lookup: Proposals | None, policy, keys: lis
     return draft
 
 
-def lookup_hindsight(lookup: Proposals | None, committed: torch.Tensor, counts: torch.Tensor, verified: list[str]
+def lookup_hindsight(lookup: Proposals | None, committed: list[list[int]], verified: list[str]
                      ) -> tuple[list[int], list[int], list[int]] | None:
     """How the rows' unverified lookup continuations would have fared against what the round committed (for
     `ProposalPolicy.record_hindsight`): `(matched, known, lengths)` per row. Only rows that verified no proposal
@@ -253,17 +254,18 @@ def lookup_hindsight(lookup: Proposals | None, committed: torch.Tensor, counts: 
     whatever the text, whereas the tokens a drafter got accepted are the easy stretches, where lookup looks better
     than it is. Other rows, and rows without a continuation, get length 0. None without lookup.
 
-    committed: `[b, w]` each row's committed tokens this round (the first `counts[r]` are valid)."""
+    committed: each row's committed tokens this round (host lists: compared on the host, no kernel)."""
     if lookup is None or lookup.drafts.shape[1] == 0:
         return None
-    width = min(lookup.drafts.shape[1], committed.shape[1])
-    device = committed.device
-    same = lookup.drafts[:, :width].to(device) == committed[:, :width]
-    j = torch.arange(width, device=device)
-    same &= (j[None] < counts[:, None]) & (j[None] < lookup.lengths.to(device)[:, None])
-    matched = same.long().cumprod(dim=1).sum(dim=1).tolist()
-    lengths = [n if source == "none" else 0 for n, source in zip(lookup.lengths_list(), verified)]
-    return matched, counts.tolist(), lengths
+    lengths = lookup.lengths_list()
+    matched = []
+    for proposal, tokens, n in zip(lookup.drafts.tolist(), committed, lengths):
+        k = 0
+        while k < min(n, len(tokens)) and proposal[k] == tokens[k]:
+            k += 1
+        matched.append(k)
+    return matched, [len(tokens) for tokens in committed], [
+        n if source == "none" else 0 for n, source in zip(lengths, verified)]
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:

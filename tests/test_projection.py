@@ -265,6 +265,9 @@ def test_benches_project_what_they_ran_with_the_cost_model_that_decided(tmp_path
     assert runtime_of(drafter).cost_model.device == "cuda:Simulated GPU"  # it decided
     projected = result["projected"]
     assert projected["file"] == str(path) and set(projected["concurrency"]) == {"1", "2"}
+    # the policy priced each round's work outside the forwards, measured first at the levels served
+    assert projected["round_overhead"] == runtime_of(drafter).cost_model.overhead
+    assert all(set(rows) == {1, 2} for rows in projected["round_overhead"].values())
     for level, rates in projected["concurrency"].items():
         assert rates["transformers_cb"] is None  # packed rows: not projected
         assert all(rates[m] > 0 for m in ("plain_batched", "engine_plain", "hybrid"))

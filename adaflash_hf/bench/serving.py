@@ -48,6 +48,7 @@ from ..generation.attention import masked_gqa
 from ..generation.cost_model import cost_model_for, synchronize
 from ..generation.runtime import SpeculationRuntime, runtime_of
 from ..testbed.prompts import encode_prompt
+from .overhead import measure_round_overhead
 from .projection import SPLIT, ForwardProbe, cost_model_info, projected_split
 
 
@@ -182,9 +183,11 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
                 methods=DEFAULT_METHODS, max_requests: int = 256, requests: int | None = None,
                 rate: float | None = None,
                 repeats: int = 1, seed: int = 0, raw: bool = False, progress: bool = True,
-                cost_model_path=None, profile: bool = False) -> dict:
+                cost_model_path=None, profile: bool = False, round_overhead: bool = True) -> dict:
     """Every method at every level on the same request stream (module docstring). Returns the JSON-ready dict;
-    `profile`: our engine's per-phase `ms_per_round` (synchronizes the device at every phase of every round)."""
+    `profile`: our engine's per-phase `ms_per_round` (synchronizes the device at every phase of every round).
+    `round_overhead` (with a cost model from another device): measure each round's work outside the forwards first
+    (`bench/overhead.py`), so the policy prices rounds as the projection does; saved as `projected.round_overhead`."""
     from .models import apply_cost_model
 
     projected_on = apply_cost_model(drafter, cost_model_path)  # decide with it; project onto it
@@ -197,6 +200,10 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
     runtime_of(drafter).cost_model = cost_model_for(target, drafter, batch_sizes=sorted(
         {1 << k for k in range(max(levels).bit_length()) if 1 << k <= max(levels)} | {max(levels)}),
         candidate=runtime_of(drafter).cost_model)
+    if projected_on is not None and round_overhead:  # price each round's host + ops work as the projection does
+        table = measure_round_overhead(target, drafter, prompts, levels, runtime_of(drafter).cost_model,
+                                       progress=progress)
+        runtime_of(drafter).cost_model = runtime_of(drafter).cost_model.with_overhead(table)
     references: dict[int, list[int]] = {}
 
     def reference(i):  # bs=1 plain greedy: the lossless reference of prompt i
@@ -216,7 +223,8 @@ def run_serving(target, tokenizer, drafter, records, levels=(1, 4, 16, 64, 128),
     probe = None
     if projected_on is not None:
         probe = ForwardProbe(target, drafter, count_ops=True)
-        result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}, "seconds_split": {}}
+        result["projected"] = {**cost_model_info(projected_on, cost_model_path), "concurrency": {}, "seconds_split": {},
+                               "round_overhead": runtime_of(drafter).cost_model.overhead}
     for level in tqdm(levels, desc="serving", disable=not progress):
         n = requests or min(4 * level, max(max_requests, level))
         stream = request_stream(n, len(prompts), rate, seed)
@@ -287,6 +295,10 @@ def print_serving(result: dict) -> None:
               "not measured - this machine's host time + that device's forward costs for the rounds run here")
         if projected.get("assumptions"):
             print(f"  assumes: {projected['assumptions']}")
+        if projected.get("round_overhead"):
+            print("  the policy priced each round's work outside the forwards (ms, by rows): " + "; ".join(
+                f"{kind} " + ", ".join(f"{b}: {1e3 * s:.1f}" for b, s in sorted(rows.items()))
+                for kind, rows in projected["round_overhead"].items()))
         print(f"{'c':>4} {'method':<16}{'proj tok/s':>11}{'vs engine_plain':>16}   seconds: host (here) / target / "
               "drafter (cost model) / ops")
         for level, rates in projected["concurrency"].items():
@@ -363,6 +375,9 @@ def add_parser(sub) -> None:
                    help="a cost model measured on another device (JSON file, or a shipped name such as "
                         "h200-smollm2-135m): our engine decides with its costs; a separate PROJECTED table (JSON "
                         "'projected') gives the tokens/s the rounds run here would take there")
+    p.add_argument("--no-round-overhead", action="store_true",
+                   help="with --cost-model: do not measure each round's host + ops work first (the policy then "
+                        "prices rounds by their forwards alone; the projection still counts that work)")
 
 
 def main(args) -> dict:
@@ -381,7 +396,8 @@ def main(args) -> dict:
     result = run_serving(target, tokenizer, drafter, records, levels=levels, max_new_tokens=args.max_new_tokens,
                          methods=args.methods.split(","), max_requests=args.max_requests, requests=args.requests,
                          rate=args.rate, repeats=args.repeats, seed=args.seed, progress=not args.quiet,
-                         cost_model_path=args.cost_model, profile=args.profile)
+                         cost_model_path=args.cost_model, profile=args.profile,
+                         round_overhead=not args.no_round_overhead)
     result["config"] = {"device": str(target.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                         "drafter": str(args.drafter or "default"), "length_head": str(head) if head else None,
                         "prompts": str(args.prompts or "default_eval_prompts"), "n_prompts": len(records),

@@ -126,6 +126,9 @@ class TargetCostModel:
             jitters); one with fewer is measured again.
         implicit: loaded beside a checkpoint rather than passed by the user: applied only on the device it
             describes (never saved; module docstring).
+        overhead: `overhead[kind][batch_size]` seconds a round of `kind` ("plain": no proposal; "spec": a verified
+            proposal) spends outside the forwards: host work and small kernels (`bench/overhead.py` measures it);
+            empty: not known (0). A drafted round at 64 rows on the H200 reference paid ~13 ms of it, a plain one ~2.
     """
 
     points: dict[int, dict[int, float]] = field(default_factory=dict)
@@ -139,6 +142,7 @@ class TargetCostModel:
     assumptions: str = ""
     measurements: int = 0
     implicit: bool = field(default=False, compare=False)  # arrived beside a checkpoint, not passed by the user
+    overhead: dict[str, dict[int, float]] = field(default_factory=dict)
     _rounds: dict = field(default_factory=dict, compare=False, repr=False)  # round_seconds memo (the policy's loop)
 
     def seconds(self, num_tokens: int, batch_size: int = 1) -> float:
@@ -152,13 +156,26 @@ class TargetCostModel:
         """Latency of one drafting step for `batch_size` rows (0 when the model has no drafter points)."""
         return _interp(self.draft, batch_size) if self.draft else 0.0
 
+    def overhead_seconds(self, kind: str, batch_size: int = 1) -> float:
+        """Seconds a round of `kind` ("plain" / "spec") spends outside the forwards for `batch_size` rows
+        (interpolated; 0 when not measured)."""
+        table = self.overhead.get(kind)
+        return _interp(table, batch_size) if table else 0.0
+
+    def with_overhead(self, overhead: dict[str, dict[int, float]]) -> "TargetCostModel":
+        """A copy that also prices each round's work outside the forwards (`overhead`, see the attribute)."""
+        table = {kind: {int(b): max(float(s), 0.0) for b, s in rows.items()} for kind, rows in overhead.items()}
+        return dataclasses.replace(self, overhead=table, _rounds={})
+
     def round_seconds(self, drafted: int, batch_size: int = 1, drafts: bool = True) -> float:
-        """A round that verifies `drafted` tokens per row (plus the row's own token), with or without drafting.
-        Memoised (the policy asks for the same few shapes every round); `extend` clears the memo."""
+        """A round that verifies `drafted` tokens per row (plus the row's own token), with or without drafting, and
+        its work outside the forwards (`overhead`). Memoised (the policy asks for the same few shapes every round);
+        `extend` clears the memo."""
         key = (drafted, batch_size, drafts)
         if key not in self._rounds:
+            kind = "spec" if drafted > 0 or drafts else "plain"
             self._rounds[key] = self.seconds(drafted + 1, batch_size) + (
-                self.draft_seconds(batch_size) if drafts else 0.0)
+                self.draft_seconds(batch_size) if drafts else 0.0) + self.overhead_seconds(kind, batch_size)
         return self._rounds[key]
 
     def batch_sizes(self) -> list[int]:
@@ -355,6 +372,7 @@ class TargetCostModel:
                 "device": self.device, "dtype": self.dtype, "threads": self.threads, "key": self.key,
                 "description": self.description, **({"assumptions": self.assumptions} if self.assumptions else {}),
                 **({"measurements": self.measurements} if self.measurements else {}),
+                **({"overhead": self.overhead} if self.overhead else {}),
                 "interpolated": self.interpolated()}
 
     def save(self, path) -> None:
@@ -375,6 +393,8 @@ class TargetCostModel:
                    device=data.get("device", ""), dtype=data.get("dtype", ""), threads=int(data.get("threads", 0)),
                    key=data.get("key", ""), description=data.get("description", ""),
                    assumptions=data.get("assumptions", ""), measurements=int(data.get("measurements", 0)),
+                   overhead={kind: {int(b): float(s) for b, s in rows.items()}
+                             for kind, rows in data.get("overhead", {}).items()},
                    implicit=implicit)
 
 

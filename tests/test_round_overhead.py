@@ -51,7 +51,8 @@ def test_measured_overhead_is_per_kind_and_rows():
     target.generation_config.eos_token_id = None
     drafter = build_drafter(target, block_size=4, seed=0, hybrid_lookup=True, allow_no_draft=True)
     prompts = [[3, 4, 5, 6, 7, 8], [9, 10, 11, 12]]
-    table = measure_round_overhead(target, drafter, prompts, [2, 1], FLAT, new_tokens=(2, 10), progress=False)
+    table = measure_round_overhead(target, drafter, prompts, [2, 1], FLAT, new_tokens=(2, 10), repeats=1,
+                                   progress=False)
     assert set(table) == {"plain", "spec"} and all(set(rows) == {1, 2} for rows in table.values())
     # a drafted round does more outside the forwards (drafting inputs, acceptance, lookup) than a plain one
     assert all(table["spec"][b] > table["plain"][b] >= 0 for b in (1, 2))

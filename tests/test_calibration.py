@@ -223,6 +223,11 @@ def test_calibrate_command_on_a_tiny_model(cache, tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(TargetCostModel, "calibrate", classmethod(lambda *a, **k: pytest.fail("recalibrated")))
     assert cli.main(argv) == 0 and capsys.readouterr().out.startswith("already cached:")
     generate_batch(target, drafter, [[1, 2, 3]] * 4, 4)
+    # --overhead: each round kind's work outside the forwards, at the calibrated rows, in the same cached model
+    assert cli.main(argv + ["--overhead"]) == 0 and "round overhead" in capsys.readouterr().out
+    cached = TargetCostModel.load(path)
+    assert set(cached.overhead) == {"plain", "spec"} and all(sorted(r) == [1, 4] for r in cached.overhead.values())
+    assert cached.round_seconds(2, 4) > cached.seconds(3, 4) + cached.draft_seconds(4)  # a drafted round prices it
 
 
 def test_library_code_never_imports_the_testbed():

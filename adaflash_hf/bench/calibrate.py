@@ -4,7 +4,10 @@
 Measures what `generate` / `generate_batch` would otherwise measure on their first call (rows 1 and `--max-batch`,
 verify widths 1 and the drafter's block; the rest interpolated), caches it where they look for it
 (`generation.cost_model.cache_path`) and prints the table, measured points marked `*`. A cost model already cached
-for this target/drafter/device/dtype/threads that reaches `--max-batch` rows is only printed.
+for this target/drafter/device/dtype/threads that reaches `--max-batch` rows is only printed. `--overhead` also
+measures what a plain and a speculative round cost outside the forwards at those rows (`bench/overhead.py`, on
+synthetic prompts) and saves it in the same cached model, so the policy prices it on this device (~1 minute for
+64 rows on a 2-core CPU).
 """
 
 import torch
@@ -26,6 +29,8 @@ def add_parser(sub) -> None:
                    help="most rows generate_batch will decode together (default 64)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="torch CPU threads (a cost model is cached per thread count; use the serving one)")
+    p.add_argument("--overhead", action="store_true",
+                   help="also measure each round's work outside the forwards (host + small kernels) and cache it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -56,7 +61,27 @@ def main(args) -> dict:
     measured = before is None or path.stat().st_mtime_ns != before
     print(f"{'measured' if measured else 'already cached'}: {model.description} -> {path}")
     print(format_table(model, args.max_batch))
+    if args.overhead:
+        model = _with_overhead(target, drafter, model, args.max_batch, progress=not args.quiet)
+        model.save(path)
+        print("round overhead (ms outside the forwards): " + "; ".join(
+            f"{kind} " + ", ".join(f"{b} rows {1e3 * t:.2f}" for b, t in sorted(rows.items()))
+            for kind, rows in model.overhead.items()))
     return {"path": str(path), "measured": measured, "model": model}
+
+
+def _with_overhead(target, drafter, model, max_batch: int, progress: bool):
+    """`model` with the round overhead measured at `calibration_batches(max_batch)` rows on synthetic prompts (the
+    work outside the forwards depends on shapes, not on the text)."""
+    from ..generation.cost_model import calibration_batches
+    from .overhead import measure_round_overhead
+
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.get_text_config().vocab_size
+    prompts = [torch.randint(0, vocab, (32,), generator=g).tolist() for _ in range(8)]
+    table = measure_round_overhead(target, drafter, prompts, calibration_batches(max_batch), model,
+                                   progress=progress)
+    return model.with_overhead(table)
 
 
 __all__ = ["add_parser", "format_table", "main"]

@@ -51,7 +51,7 @@ def test_batch_lookup_equals_transformers_matcher_row_by_row():
     for trial in range(30):
         prompts = [torch.randint(0, 9, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
                    for _ in range(6)]
-        lookup = BatchLookup(prompts, 20, num_tokens=5, max_ngram=3, eos=eos, device="cpu")
+        lookup = BatchLookup(prompts, num_tokens=5, max_ngram=3, eos=eos, device="cpu")
         texts = [list(p) for p in prompts]
         for step in range(3):  # rows grow by different amounts, as committed tokens do
             caps = torch.randint(0, 7, (6,), generator=g)

@@ -213,7 +213,7 @@ class AdaFlashBatchGenerator:
             return
         knobs, runtime = self.knobs, self.runtime
         if knobs.hybrid_lookup:
-            run.lookup = BatchLookup(run.prompts, run.max_new, knobs.prompt_lookup_num_tokens,
+            run.lookup = BatchLookup(run.prompts, knobs.prompt_lookup_num_tokens,
                                      knobs.max_matching_ngram_size, run.eos, self.device)
         run.policy = runtime.policy_for_call(knobs)
         head = runtime.length_head
@@ -302,10 +302,11 @@ class AdaFlashBatchGenerator:
             batch.add_context(ctx, mask, pos)
         run.stats.prefill_forwards += 1
         run.timer.lap("prefill")
+        firsts = [[token] for token in first.tolist()]
         if run.lookup is not None:
-            run.lookup.extend(prompt_idx, [[token] for token in first.tolist()])
-        for r, token in enumerate(first.tolist()):
-            self._commit(run, prompt_idx[r], [token])
+            run.lookup.extend(prompt_idx, firsts)
+        for i, tokens in zip(prompt_idx, firsts):
+            self._commit(run, i, tokens)
         self._retire(run, batch, compact=False)
         return batch
 

@@ -168,9 +168,9 @@ class AdaFlashCandidateGenerator(DFlashTokenCandidateGenerator):
         if not self.knobs.hybrid_lookup:
             return
         eos = self._eos
-        buffer = BatchLookup([input_ids[0].tolist()], self.main_model_max_length - input_ids.shape[1],
-                             self.knobs.prompt_lookup_num_tokens, self.knobs.max_matching_ngram_size,
-                             set() if eos is None else set(eos.view(-1).tolist()), input_ids.device)
+        buffer = BatchLookup([input_ids[0].tolist()], self.knobs.prompt_lookup_num_tokens,
+                             self.knobs.max_matching_ngram_size, set() if eos is None else set(eos.view(-1).tolist()),
+                             input_ids.device)
         self.lookup, self._looked_up = LookupProposer(buffer), input_ids.shape[1]
 
     def _look_up(self, input_ids: torch.Tensor, budget: int) -> tuple[torch.Tensor | None, int]:

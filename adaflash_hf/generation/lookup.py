@@ -28,17 +28,14 @@ class BatchLookup:
     """n-gram prompt lookup for every row of a run, over host token lists (module docstring).
 
     Args:
-        prompts: every prompt of the run (token ids).
-        max_new_tokens: the run's limit (kept for callers; the texts grow as needed).
+        prompts: every prompt of the run (token ids); each row's text grows by its committed tokens.
         num_tokens: longest continuation proposed; max_ngram: longest n-gram matched.
         eos: the run's EOS ids (continuations are cut before the first one).
         device: where proposals are returned.
     """
 
-    def __init__(self, prompts: list[list[int]], max_new_tokens: int, num_tokens: int, max_ngram: int,
-                 eos: set[int], device):
-        self.num_tokens, self.max_ngram = int(num_tokens), int(max_ngram)
-        self.max_new_tokens, self.device = int(max_new_tokens), device
+    def __init__(self, prompts: list[list[int]], num_tokens: int, max_ngram: int, eos: set[int], device):
+        self.num_tokens, self.max_ngram, self.device = int(num_tokens), int(max_ngram), device
         self.texts = [[int(t) for t in p] for p in prompts]
         self.eos = frozenset(int(t) for t in eos or ())
         # per row, built on its first lookup: index[i][n - 1] maps an n-gram to its leftmost start in the text
